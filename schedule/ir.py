@@ -1,0 +1,453 @@
+"""The AMK schedule IR: the one data model every stage speaks.
+
+A `Program` is one decode step as a DAG of coarse `Task`s over flat `Buffer`s. Tasks
+synchronise only through monotonic `Counter`s: a task waits until each of its counters
+reaches a static threshold, runs, then adds exactly 1 to its single `out_counter`.
+Per-SM `queues` give the order in which each persistent block walks its tasks.
+
+Every enum code and capacity constant lives here once; `vm/abi.h` mirrors them and
+`tests/test_abi_sync.py` fails on any drift. Op semantics (what each operand means) are
+documented on each params model and implemented once in `amk.instructions`.
+
+Regions. An `Operand` names the elements a task touches in one buffer:
+  * flat buffers: the union over c in [0, count) of [off + c*stride, off + c*stride + len)
+    in the buffer's row-major flattening;
+  * KV_CACHE buffers (shape [capacity, width]): the columns [off, off + len) of the
+    row at the runtime position (`kv=APPEND`, a write) or of rows 0..position
+    (`kv=PREFIX`, a read). Positions are runtime inputs, so one program serves every token.
+
+Numerics (every op, CPU and GPU alike): operands are read and converted to fp32, all
+arithmetic is fp32, and each store rounds to the output buffer's dtype. Quantized weights
+dequantize as I8: w = code * scale[r, c // group]; U4: w = code * scale[r, c // group] +
+zero[r, c // group] (zero holds the group minimum), codes unsigned 0..15 packed two per
+byte, element e in byte e // 2, low nibble first. Scale/zero companions have shape
+[rows, cols // group] and the weight's buffer records `group`.
+
+Runtime inputs: an IO_INPUT I32 buffer `pos` (len 1) holds this step's position p; the
+KV length is p + 1. Ops that need it take `pos` as an operand.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IR_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- enums
+class DType(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    I32 = 3
+    I8 = 4
+    U4 = 5  # 4-bit codes packed two per byte (low nibble first); logical shape in elements
+
+
+DTYPE_BITS = {DType.F32: 32, DType.F16: 16, DType.BF16: 16, DType.I32: 32, DType.I8: 8, DType.U4: 4}
+
+
+class BufferKind(enum.IntEnum):
+    WEIGHT = 0  # immutable model parameters
+    CONST = 1  # immutable derived tables (RoPE inverse frequencies, ...)
+    KV_CACHE = 2  # [capacity, width]; rows < position are read-only history
+    IO_INPUT = 3  # written by the host before launch, read-only inside the step
+    IO_OUTPUT = 4  # must be fully produced by the step
+    ACTIVATION = 5
+    SCRATCH = 6
+
+
+IMMUTABLE_KINDS = frozenset({BufferKind.WEIGHT, BufferKind.CONST})
+
+
+class Op(enum.IntEnum):
+    EMBED = 0
+    RMSNORM = 1
+    GEMV = 2
+    REDUCE = 3  # split-K reduction of GEMV partial sums, then the GEMV's epilogue
+    ROPE = 4
+    KV_APPEND = 5
+    ATTN_PARTIAL = 6
+    ATTN_COMBINE = 7
+    SILU_MUL = 8
+    ADD = 9
+    ARGMAX = 10
+    HEAD_NORM = 11  # per-head RMSNorm (Qwen3 q/k norm)
+
+
+class Epilogue(enum.IntEnum):
+    """What a GEMV (or its split-K REDUCE) does with each finished output row."""
+
+    STORE = 0  # y = acc (+ bias)
+    ADD = 1  # y = residual + acc (+ bias); residual is usually y itself (in place)
+    SILU_MUL = 2  # y = silu(acc_gate) * acc_up; needs a second weight matrix
+    ROPE = 3  # y = rope(headnorm?(acc)) per head; for q
+    ROPE_APPEND = 4  # KV cache row[pos] = rope(headnorm?(acc)); for k
+    APPEND = 5  # KV cache row[pos] = acc; for v
+
+
+class KvMode(enum.IntEnum):
+    NONE = 0
+    APPEND = 1
+    PREFIX = 2
+
+
+# ------------------------------------------------------------------ capacity caps
+MAX_INPUTS = 10
+MAX_OUTPUTS = 2
+MAX_WAITS = 4
+MAX_TASKS = 1 << 20
+MAX_BUFFERS = 1 << 16
+MAX_COUNTERS = 1 << 20
+MAX_QUEUES = 1024
+MAX_RANK = 4
+MAX_HEAD_DIM = 256
+MAX_KV_SPLITS = 64
+MAX_THREADS = 1024
+MAX_BUFFER_ELEMS = 1 << 36
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+# ------------------------------------------------------------------ data objects
+class Buffer(_Model):
+    id: int
+    name: str
+    kind: BufferKind
+    dtype: DType
+    shape: list[int]
+    # quantized weights: companions [rows, cols/group] of per-group scale and minimum
+    scale: Optional[int] = None
+    zero: Optional[int] = None
+    group: Optional[int] = None
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Counter(_Model):
+    id: int
+    name: str = ""
+
+
+class Wait(_Model):
+    counter: int
+    threshold: int
+
+
+class Operand(_Model):
+    buf: int
+    off: int
+    len: int
+    count: int = 1
+    stride: int = 0
+    kv: KvMode = KvMode.NONE
+
+
+# ------------------------------------------------------------------ per-op params
+class EmbedParams(_Model):
+    """inputs: [token (I32, len 1), table column tile (off=c0, len=n, count=vocab,
+    stride=hidden)]; outputs: [x tile (len n)]. x = table[token, c0:c0+n]."""
+
+    op: Literal[Op.EMBED] = Op.EMBED
+    vocab: int
+    hidden: int
+
+
+class RmsNormParams(_Model):
+    """inputs: [x (the whole vector, len hidden), gamma tile (len n)];
+    outputs: [y tile (len n)]. y = x[col:col+n] * rsqrt(mean(x^2) + eps) * gamma."""
+
+    op: Literal[Op.RMSNORM] = Op.RMSNORM
+    hidden: int
+    col: int
+    eps: float
+
+
+class GemvParams(_Model):
+    """A slab of rows of y = W x, with fused prologue and epilogue.
+
+    inputs, in this order (bracketed ones only when their flag says so):
+      w        rows x [k_lo, k_hi) of W (count=rows, stride=k, len=k_hi-k_lo)
+      x        the input vector; the whole vector [0, k) if norm_eps is set, else [k_lo, k_hi)
+      [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
+      [w2]     the up-projection slab, shaped like w          if epilogue == SILU_MUL
+      [scales..] for quantized w (and w2): scale [, zero] tiles, count=rows
+      [bias]   len rows (and a second bias for w2 is not supported)  if has_bias
+      [residual] len rows                                     if epilogue == ADD
+      [head_gamma] len head_dim                               if head_norm_eps is not None
+      [inv_freq] len head_dim/2 and [pos] len 1               if epilogue is ROPE/ROPE_APPEND
+      [pos]    len 1                                          if epilogue == APPEND
+    outputs: [y]: rows values (KV_CACHE with kv=APPEND for ROPE_APPEND/APPEND), or, when
+    split_k > 1, the partial sums of this K slice into scratch (len rows*m, m=2 for
+    SILU_MUL), which a REDUCE task finishes; the epilogue extras then belong to REDUCE.
+
+    Order of the epilogue on each finished row value a = acc (+ bias):
+      STORE: y = a.  ADD: y = residual + a.  SILU_MUL: y = silu(a_gate) * a_up (each with
+      its own accumulator; no bias).  ROPE / ROPE_APPEND: a slab covers whole heads (rows
+      and the slab start are multiples of head_dim); per head: optional head RMSNorm
+      (head_gamma, head_norm_eps), then rotate-half RoPE at angle pos * inv_freq[i]:
+      y[i] = a[i] cos - a[i + d/2] sin, y[i + d/2] = a[i + d/2] cos + a[i] sin.
+      APPEND: cache row[pos] = a.
+    The norm prologue: xn[c] = x[c] * rsqrt(mean_{c<k} x[c]^2 + norm_eps) * gamma[c].
+    Split-K scratch layout: a scratch buffer [split_k, R*m] for a matrix of R rows; the
+    task for row slab r0 and split s writes off = s*R*m + r0*m, len rows*m, element
+    (r, j) at r*m + j (j=0 gate/plain, j=1 up).
+    """
+
+    op: Literal[Op.GEMV] = Op.GEMV
+    rows: int
+    k: int
+    k_lo: int = 0
+    k_hi: int
+    split_k: int = 1
+    norm_eps: Optional[float] = None
+    has_bias: bool = False
+    epilogue: Epilogue = Epilogue.STORE
+    head_dim: int = 0
+    head_norm_eps: Optional[float] = None
+    unpack: int = 0  # quantized unpack strategy (VM knob; semantics unchanged)
+
+
+class ReduceParams(_Model):
+    """inputs: [partials (count=split_k, stride=total row width of the scratch, len rows*m)]
+    then the epilogue extras exactly as GEMV lists them ([bias], [residual],
+    [head_gamma], [inv_freq, pos] / [pos]); outputs: [y] as GEMV's."""
+
+    op: Literal[Op.REDUCE] = Op.REDUCE
+    rows: int
+    split_k: int
+    has_bias: bool = False
+    epilogue: Epilogue = Epilogue.STORE
+    head_dim: int = 0
+    head_norm_eps: Optional[float] = None
+
+
+class RopeParams(_Model):
+    """inputs: [x (len heads*head_dim), inv_freq (len head_dim/2), pos]; outputs: [y (len
+    heads*head_dim)]. Rotate-half RoPE per head at the runtime position."""
+
+    op: Literal[Op.ROPE] = Op.ROPE
+    head_dim: int
+    heads: int
+
+
+class HeadNormParams(_Model):
+    """inputs: [x (len heads*head_dim), gamma (len head_dim)]; outputs: [y same len].
+    RMSNorm over each head separately."""
+
+    op: Literal[Op.HEAD_NORM] = Op.HEAD_NORM
+    head_dim: int
+    heads: int
+    eps: float
+
+
+class KvAppendParams(_Model):
+    """inputs: [src (len n), pos]; outputs: [cache (kv=APPEND, columns off..off+n)]."""
+
+    op: Literal[Op.KV_APPEND] = Op.KV_APPEND
+    n: int
+
+
+class AttnPartialParams(_Model):
+    """Attention of `q_heads` query heads sharing one KV head over split `split` of
+    `splits` of the positions 0..pos (chunk = ceil(ceil((pos+1)/splits)/block)*block).
+
+    Query heads of one KV head g are g*q_heads .. (g+1)*q_heads - 1 (HF's repeat_kv).
+    inputs: [q (off g*q_heads*head_dim, len q_heads*head_dim), k cache (PREFIX, off
+    g*head_dim, len head_dim), v cache (likewise), pos]; split s covers positions
+    [s*chunk, min((s+1)*chunk, pos+1)), possibly empty. Scores t_j = scale * q.k_j.
+    outputs: o scratch [kv_heads, splits, q_heads, head_dim] at off ((g*splits+s)*q_heads)
+    *head_dim, len q_heads*head_dim: sum_j exp(t_j - m) v_j (unnormalised); ml scratch
+    [kv_heads, splits, q_heads, 2] at off (g*splits+s)*q_heads*2: (m, l) per head with
+    m = max_j t_j (-inf if empty) and l = sum_j exp(t_j - m) (0 if empty)."""
+
+    op: Literal[Op.ATTN_PARTIAL] = Op.ATTN_PARTIAL
+    head_dim: int
+    q_heads: int
+    splits: int
+    split: int
+    block: int
+    scale: float
+
+
+class AttnCombineParams(_Model):
+    """inputs: [o partials of KV head g (off g*splits*q_heads*head_dim, len
+    splits*q_heads*head_dim), ml (off g*splits*q_heads*2, len splits*q_heads*2)];
+    outputs: [o (off g*q_heads*head_dim, len q_heads*head_dim)]:
+    M = max_s m_s; o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s (empty splits add 0)."""
+
+    op: Literal[Op.ATTN_COMBINE] = Op.ATTN_COMBINE
+    head_dim: int
+    q_heads: int
+    splits: int
+
+
+class SiluMulParams(_Model):
+    """inputs: [gate (len n), up (len n)]; outputs: [y (len n)] = silu(gate) * up."""
+
+    op: Literal[Op.SILU_MUL] = Op.SILU_MUL
+    n: int
+
+
+class AddParams(_Model):
+    """inputs: [a (len n), b (len n)]; outputs: [y (len n)] = a + b."""
+
+    op: Literal[Op.ADD] = Op.ADD
+    n: int
+
+
+class ArgmaxParams(_Model):
+    """inputs: [logits (len n)]; outputs: [token (I32, len 1)]; first index of the max."""
+
+    op: Literal[Op.ARGMAX] = Op.ARGMAX
+    n: int
+
+
+Params = Annotated[
+    Union[
+        EmbedParams,
+        RmsNormParams,
+        GemvParams,
+        ReduceParams,
+        RopeParams,
+        HeadNormParams,
+        KvAppendParams,
+        AttnPartialParams,
+        AttnCombineParams,
+        SiluMulParams,
+        AddParams,
+        ArgmaxParams,
+    ],
+    Field(discriminator="op"),
+]
+
+
+class Task(_Model):
+    id: int
+    params: Params
+    inputs: list[Operand]
+    outputs: list[Operand]
+    waits: list[Wait] = []
+    out_counter: int
+    name: str = ""
+
+    @property
+    def op(self) -> Op:
+        return self.params.op
+
+
+# ------------------------------------------------------------------ targets
+class GpuTarget(_Model):
+    """Data only: a new GPU is a new record in `amk.schedule.targets`, never a code change."""
+
+    name: str
+    arch: str  # sm_90, gfx942, ...
+    vendor: Literal["nvidia", "amd"]
+    products: list[str]
+    compute_units: int
+    warp_size: int
+    max_threads_per_cu: int
+    max_blocks_per_cu: int
+    smem_per_cu: int  # bytes
+    regs_per_cu: int  # 32-bit registers
+    l2_bytes: int
+    xcds: int = 1
+    l2_per_xcd: Optional[int] = None
+    hbm_gbps: float  # spec bandwidth, GB/s
+    dtypes: list[DType]
+
+
+# ------------------------------------------------------------------ program
+class Program(_Model):
+    version: int = IR_VERSION
+    name: str = ""
+    target: GpuTarget
+    threads_per_block: int = 256
+    blocks_per_cu: int = 1
+    kv_capacity: int = 0
+    buffers: list[Buffer]
+    counters: list[Counter]
+    tasks: list[Task]
+    queues: list[list[int]]
+    # the ScheduleConfig and model facts this program was lowered from (provenance only)
+    meta: dict[str, Any] = {}
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Program":
+        return cls.model_validate_json(text)
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.buffers:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+# ------------------------------------------------------------------ validation result
+class Violation(_Model):
+    check: str
+    reason: str
+    tasks: list[int] = []
+    buffers: list[int] = []
+    counters: list[int] = []
+    cycle: Optional[list[str]] = None  # deadlock witness, e.g. ["task 3", "counter 2", ...]
+
+
+class Certificate(_Model):
+    program_hash: str
+    checks: list[str]
+    tasks: int
+    buffers: int
+    counters: int
+    queues: int
+    waits: int
+    conflicting_pairs_checked: int = 0
+
+
+class ValidationResult(_Model):
+    accepted: bool
+    violations: list[Violation] = []
+    certificate: Optional[Certificate] = None
+
+    def summary(self) -> str:
+        if self.accepted:
+            c = self.certificate
+            return f"accepted: {c.tasks} tasks, {c.counters} counters, {c.queues} queues" if c else "accepted"
+        lines = [f"rejected: {len(self.violations)} violation(s)"]
+        lines += [f"  [{v.check}] {v.reason}" for v in self.violations]
+        return "\n".join(lines)
+
+
+def dumps(obj: BaseModel) -> str:
+    return obj.model_dump_json()
+
+
+def enum_table() -> dict[str, dict[str, int]]:
+    """Every ABI enum as {name: code}; what vm/abi.h must mirror."""
+    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode)}
+
+
+def capacity_table() -> dict[str, int]:
+    return {
+        name: value
+        for name, value in globals().items()
+        if name.startswith("MAX_") and isinstance(value, int)
+    }
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

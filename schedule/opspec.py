@@ -1,0 +1,94 @@
+"""Operand roles of every op: which input/output slot means what.
+
+One table shared by the lowering (which builds operands), the validator (arity and shape
+rules), the ReferenceVM and the GPU loader (which read them). Roles depend only on a
+task's params and on the dtype of its weight buffer (quantized weights bring scale and
+zero companions).
+"""
+
+from __future__ import annotations
+
+from amk.schedule.ir import DType, Epilogue, Op
+
+ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
+APPEND_EPILOGUES = (Epilogue.ROPE_APPEND, Epilogue.APPEND)
+
+
+def quant_roles(prefix: str, dtype: DType) -> list[str]:
+    if dtype == DType.I8:
+        return [f"{prefix}_scale"]
+    if dtype == DType.U4:
+        return [f"{prefix}_scale", f"{prefix}_zero"]
+    return []
+
+
+def epilogue_roles(epilogue: Epilogue, has_bias: bool, head_norm: bool) -> list[str]:
+    roles = ["bias"] if has_bias else []
+    if epilogue == Epilogue.ADD:
+        roles.append("residual")
+    if head_norm:
+        roles.append("head_gamma")
+    if epilogue in ROPE_EPILOGUES:
+        roles += ["inv_freq", "pos"]
+    elif epilogue == Epilogue.APPEND:
+        roles.append("pos")
+    return roles
+
+
+def input_roles(params, weight_dtype: DType = DType.F32) -> list[str]:
+    """Names of a task's input operands, in order. `weight_dtype` matters for GEMV only."""
+    op = params.op
+    if op == Op.GEMV:
+        roles = ["w", "x"]
+        if params.norm_eps is not None:
+            roles.append("gamma")
+        roles += quant_roles("w", weight_dtype)
+        if params.epilogue == Epilogue.SILU_MUL:
+            roles.append("w2")
+            roles += quant_roles("w2", weight_dtype)
+        if params.split_k == 1:
+            roles += epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None)
+        return roles
+    if op == Op.REDUCE:
+        return ["partials"] + epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None)
+    return list(_FIXED_INPUTS[op])
+
+
+def output_roles(params) -> list[str]:
+    op = params.op
+    if op == Op.GEMV:
+        return ["partial"] if params.split_k > 1 else ["y"]
+    return list(_FIXED_OUTPUTS[op])
+
+
+def gemv_rows_width(params) -> int:
+    """Values per output row of a GEMV partial (2 for the fused gate/up pair)."""
+    return 2 if params.epilogue == Epilogue.SILU_MUL else 1
+
+
+_FIXED_INPUTS = {
+    Op.EMBED: ("token", "table"),
+    Op.RMSNORM: ("x", "gamma"),
+    Op.ROPE: ("x", "inv_freq", "pos"),
+    Op.HEAD_NORM: ("x", "gamma"),
+    Op.KV_APPEND: ("src", "pos"),
+    Op.ATTN_PARTIAL: ("q", "k", "v", "pos"),
+    Op.ATTN_COMBINE: ("o", "ml"),
+    Op.SILU_MUL: ("gate", "up"),
+    Op.ADD: ("a", "b"),
+    Op.ARGMAX: ("logits",),
+}
+
+_FIXED_OUTPUTS = {
+    Op.EMBED: ("x",),
+    Op.RMSNORM: ("y",),
+    Op.REDUCE: ("y",),
+    Op.ROPE: ("y",),
+    Op.HEAD_NORM: ("y",),
+    Op.KV_APPEND: ("cache",),
+    Op.ATTN_PARTIAL: ("o", "ml"),
+    Op.ATTN_COMBINE: ("y",),
+    Op.SILU_MUL: ("y",),
+    Op.ADD: ("y",),
+    Op.ARGMAX: ("token",),
+}

@@ -1,0 +1,1 @@
+"""The pieces of `amk.schedule.validate`: structure, ordering and race analysis."""

@@ -1,0 +1,325 @@
+"""The validator: safe programs accepted; for every check a minimal unsafe program rejected
+under that check's name; never raises."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from amk.eval.synthetic import layered_program
+from amk.schedule import ir
+from amk.schedule.ir import BufferKind as K, DType as D
+from amk.schedule.validate import validate
+from amk.schedule.validator.report import CHECK_GROUPS
+
+
+@pytest.fixture(scope="module")
+def base() -> dict:
+    return layered_program(layers=2, width=4, hidden=64, vocab=128).model_dump(mode="json")
+
+
+def _checks(prog) -> set[str]:
+    res = validate(prog)
+    assert not res.accepted
+    assert all(v.reason for v in res.violations)
+    return {v.check for v in res.violations}
+
+
+def _task(d, name):
+    return next(t for t in d["tasks"] if t["name"] == name)
+
+
+def _buf(d, name):
+    return next(b for b in d["buffers"] if b["name"] == name)
+
+
+def _add_buffer(d, name, kind, dtype, shape, **kw):
+    d["buffers"].append(dict(id=len(d["buffers"]), name=name, kind=int(kind), dtype=int(dtype), shape=shape, **kw))
+    return len(d["buffers"]) - 1
+
+
+def _add_counter(d):
+    d["counters"].append({"id": len(d["counters"]), "name": ""})
+    return len(d["counters"]) - 1
+
+
+def _add_task(d, params, inputs, outputs, waits=()):
+    """A task on a queue of its own, so only its waits order it."""
+    c = _add_counter(d)
+    tid = len(d["tasks"])
+    d["tasks"].append(dict(id=tid, name=f"extra{tid}", params=params, inputs=inputs, outputs=outputs,
+                           waits=[{"counter": a, "threshold": b} for a, b in waits], out_counter=c))
+    d["queues"].append([tid])
+    return tid
+
+
+def op(buf, off, n, **kw):
+    return dict(buf=buf, off=off, len=n, **kw)
+
+
+# ----------------------------------------------------------------------------- accepted
+@pytest.mark.parametrize("layers,width,hidden", [(1, 1, 32), (2, 4, 64), (3, 8, 256), (4, 36, 1152)])
+def test_layered_programs_accepted(layers, width, hidden):
+    prog = layered_program(layers=layers, width=width, hidden=hidden)
+    res = validate(prog)
+    assert res.accepted, res.summary()
+    cert = res.certificate
+    assert cert.tasks == len(prog.tasks) and cert.queues == len(prog.queues)
+    assert set(cert.checks) == set(CHECK_GROUPS)
+    assert len(cert.program_hash) == 64 and cert.conflicting_pairs_checked > 0
+
+
+def test_accepts_dict_and_json_forms(base):
+    assert validate(base).accepted
+    assert validate(json.dumps(base)).accepted
+    assert validate(json.dumps(base).encode()).accepted
+
+
+def test_program_json_round_trip_is_exact():
+    prog = layered_program(layers=2, width=4, hidden=64)
+    text = prog.to_json()
+    again = ir.Program.from_json(text)
+    assert again == prog and again.to_json() == text
+
+
+def test_kv_program_accepted():
+    assert validate(_kv_program()).accepted
+
+
+# ----------------------------------------------------------------------------- one per check
+def _mut_ids(d):
+    d["tasks"][3]["id"] = 99
+
+
+def _mut_reference(d):
+    d["tasks"][5]["waits"][0]["counter"] = 999
+
+
+def _mut_capacity(d):
+    _buf(d, "a")["shape"] = [1 << 20, 1 << 17]
+
+
+def _mut_arity(d):
+    _task(d, "l0.a.1")["inputs"].pop()
+
+
+def _mut_params(d):
+    _task(d, "l0.a.1")["params"]["norm_eps"] = -1.0
+
+
+def _mut_kind(d):
+    _task(d, "l0.b.0")["outputs"][0]["buf"] = _buf(d, "token")["id"]
+
+
+def _mut_dtype(d):
+    _buf(d, "a")["dtype"] = int(D.I32)
+
+
+def _mut_threshold(d):
+    _task(d, "l0.b.2")["waits"][0]["threshold"] = 5
+
+
+def _mut_self_wait(d):
+    t = _task(d, "l0.b.2")
+    t["waits"].append({"counter": t["out_counter"], "threshold": 4})
+
+
+def _mut_dataflow_cycle(d):
+    _task(d, "embed.0")["waits"].append({"counter": _task(d, "head")["out_counter"], "threshold": 1})
+
+
+def _mut_queue_coverage(d):
+    tid = _task(d, "l1.a.2")["id"]
+    for q in d["queues"]:
+        if tid in q:
+            q.remove(tid)
+
+
+def _mut_queue_order_deadlock(d):
+    am = _task(d, "argmax")["id"]
+    for q in d["queues"]:
+        if am in q:
+            q.remove(am)
+    d["queues"][0].insert(0, am)
+
+
+def _mut_coresidency(d):
+    d["target"]["compute_units"] = 2
+
+
+def _mut_partial_wait(d):
+    _task(d, "l0.b.2")["waits"][0]["threshold"] = 1
+
+
+def _mut_read_after_write(d):
+    _task(d, "l0.b.2")["waits"] = []
+
+
+def _mut_write_after_read(d):
+    # l0.a.3 still reads x but now signals a counter nobody waits on: l0.b may overwrite x under it
+    t = _task(d, "l0.a.3")
+    t["out_counter"] = _add_counter(d)
+    t["outputs"][0] = op(_add_buffer(d, "detached", K.SCRATCH, D.F32, [64]), 48, 16)
+    for i in range(4):
+        _task(d, f"l0.b.{i}")["waits"][0]["threshold"] = 3
+
+
+def _mut_write_after_write(d):
+    x, table = _buf(d, "x")["id"], _buf(d, "embed")["id"]
+    _add_task(d, {"op": int(ir.Op.SILU_MUL), "n": 16}, [op(table, 0, 16), op(table, 16, 16)], [op(x, 0, 16)],
+              waits=[(_task(d, "embed.0")["out_counter"], 4)])
+
+
+def _mut_tile_overlap(d):
+    t = _task(d, "embed.1")
+    t["outputs"][0]["off"] = 8
+    t["inputs"][1]["off"] = 8
+
+
+def _mut_tile_gap(d):
+    t = _task(d, "embed.1")
+    t["outputs"][0].update(off=17, len=15)
+    t["inputs"][1].update(off=17, len=15)
+
+
+def _mut_uninitialized_read(d):
+    _task(d, "embed.0")["outputs"][0]["buf"] = _add_buffer(d, "elsewhere", K.SCRATCH, D.F32, [64])
+
+
+def _mut_out_of_bounds(d):
+    _task(d, "l0.b.3")["outputs"][0]["off"] = 60
+
+
+def _mut_kv_range(d):
+    d.update(_kv_program(capacity_mismatch=True).model_dump(mode="json"))
+
+
+def _mut_quant_shape(d):
+    w = _buf(d, "l0.w1")
+    w["dtype"] = int(D.I8)
+    w["group"] = 32  # but no scale buffer
+
+
+def _mut_complete(d):
+    _add_buffer(d, "never_written", K.IO_OUTPUT, D.F32, [8])
+
+
+def _mut_kv_read_before_append(d):
+    d.update(_kv_program(drop_append_wait=True).model_dump(mode="json"))
+
+
+MUTANTS = {name[len("_mut_"):].replace("_", "-"): fn for name, fn in globals().items() if name.startswith("_mut_")}
+
+
+def test_every_check_has_a_mutant():
+    assert set(MUTANTS) | {"schema"} == set(CHECK_GROUPS)
+
+
+@pytest.mark.parametrize("check", sorted(MUTANTS))
+def test_mutant_rejected_under_its_check(base, check):
+    d = copy.deepcopy(base)
+    MUTANTS[check](d)
+    assert check in _checks(d)
+
+
+def test_cycle_witness_is_given(base):
+    d = copy.deepcopy(base)
+    _mut_dataflow_cycle(d)
+    (v,) = [v for v in validate(d).violations if v.check == "dataflow-cycle"]
+    assert v.cycle and any(s.startswith("counter") for s in v.cycle) and any(s.startswith("task") for s in v.cycle)
+
+
+@pytest.mark.parametrize("bad", ["", "{", "[]", "42", "null", b"\xff\xfe", {}, {"tasks": 3}, 42, None, [1, 2]])
+def test_schema_rejections(bad):
+    res = validate(bad)
+    assert not res.accepted and res.violations[0].check == "schema"
+
+
+# ----------------------------------------------------------------------------- never raises
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=True) | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON)
+def test_arbitrary_json_never_raises(value):
+    res = validate(value)
+    assert isinstance(res, ir.ValidationResult) and not res.accepted
+
+
+def _paths(obj, prefix=()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield prefix + (k,)
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield prefix + (i,)
+            yield from _paths(v, prefix + (i,))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_arbitrary_mutations_never_raise(base, data):
+    d = copy.deepcopy(base)
+    paths = list(_paths(d))
+    for _ in range(data.draw(st.integers(1, 4))):
+        path = data.draw(st.sampled_from(paths))
+        parent = d
+        try:
+            for k in path[:-1]:
+                parent = parent[k]
+            value = data.draw(st.integers(-3, 200) | JSON)
+            parent[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    res = validate(d)
+    assert isinstance(res, ir.ValidationResult)
+
+
+# ----------------------------------------------------------------------------- a KV program
+def _kv_program(capacity_mismatch: bool = False, drop_append_wait: bool = False) -> ir.Program:
+    """q, k, v from an embedding; append k and v; attention over 2 splits; combine."""
+    from amk.schedule.targets import get_target
+
+    hd, cap = 8, 16
+    B = []
+
+    def buf(name, kind, dtype, shape):
+        B.append(ir.Buffer(id=len(B), name=name, kind=kind, dtype=dtype, shape=shape))
+        return len(B) - 1
+
+    token, pos = buf("token", K.IO_INPUT, D.I32, [1]), buf("pos", K.IO_INPUT, D.I32, [1])
+    table = buf("table", K.WEIGHT, D.F32, [32, 3 * hd])
+    qkv = buf("qkv", K.ACTIVATION, D.F32, [3 * hd])
+    kc = buf("k_cache", K.KV_CACHE, D.F32, [cap + (1 if capacity_mismatch else 0), hd])
+    vc = buf("v_cache", K.KV_CACHE, D.F32, [cap, hd])
+    o_part = buf("o_part", K.SCRATCH, D.F32, [2, hd])
+    ml = buf("ml", K.SCRATCH, D.F32, [2, 2])
+    out = buf("attn", K.IO_OUTPUT, D.F32, [hd])
+    O = ir.Operand
+    tasks = [
+        ir.Task(id=0, params=ir.EmbedParams(vocab=32, hidden=3 * hd), inputs=[O(buf=token, off=0, len=1),
+                O(buf=table, off=0, len=3 * hd, count=32, stride=3 * hd)], outputs=[O(buf=qkv, off=0, len=3 * hd)], out_counter=0),
+        ir.Task(id=1, params=ir.KvAppendParams(n=hd), inputs=[O(buf=qkv, off=hd, len=hd), O(buf=pos, off=0, len=1)],
+                outputs=[O(buf=kc, off=0, len=hd, kv=ir.KvMode.APPEND)], waits=[ir.Wait(counter=0, threshold=1)], out_counter=1),
+        ir.Task(id=2, params=ir.KvAppendParams(n=hd), inputs=[O(buf=qkv, off=2 * hd, len=hd), O(buf=pos, off=0, len=1)],
+                outputs=[O(buf=vc, off=0, len=hd, kv=ir.KvMode.APPEND)], waits=[ir.Wait(counter=0, threshold=1)], out_counter=1),
+    ]
+    append_wait = [] if drop_append_wait else [ir.Wait(counter=1, threshold=2)]
+    for s in range(2):
+        tasks.append(ir.Task(id=3 + s, params=ir.AttnPartialParams(head_dim=hd, q_heads=1, splits=2, split=s, block=4, scale=0.35),
+                             inputs=[O(buf=qkv, off=0, len=hd), O(buf=kc, off=0, len=hd, kv=ir.KvMode.PREFIX),
+                                     O(buf=vc, off=0, len=hd, kv=ir.KvMode.PREFIX), O(buf=pos, off=0, len=1)],
+                             outputs=[O(buf=o_part, off=s * hd, len=hd), O(buf=ml, off=2 * s, len=2)],
+                             waits=[ir.Wait(counter=0, threshold=1)] + append_wait, out_counter=2))
+    tasks.append(ir.Task(id=5, params=ir.AttnCombineParams(head_dim=hd, q_heads=1, splits=2),
+                         inputs=[O(buf=o_part, off=0, len=2 * hd), O(buf=ml, off=0, len=4)], outputs=[O(buf=out, off=0, len=hd)],
+                         waits=[ir.Wait(counter=2, threshold=2)], out_counter=3))
+    counters = [ir.Counter(id=i) for i in range(4)]
+    return ir.Program(target=get_target("h100"), kv_capacity=cap, buffers=B, counters=counters, tasks=tasks,
+                      queues=[[0, 1, 3], [2, 4, 5]])

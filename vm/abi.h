@@ -1,0 +1,68 @@
+// AMK ABI: enum codes and capacity caps shared by the compiler and the VM.
+// Mirrors amk/schedule/ir.py exactly; tests/test_abi_sync.py fails on any drift.
+// Edit ir.py first, then this file.
+#pragma once
+
+#define AMK_IR_VERSION 1
+
+enum AmkDType {
+  AMK_DTYPE_F32 = 0,
+  AMK_DTYPE_F16 = 1,
+  AMK_DTYPE_BF16 = 2,
+  AMK_DTYPE_I32 = 3,
+  AMK_DTYPE_I8 = 4,
+  AMK_DTYPE_U4 = 5,
+};
+
+enum AmkBufferKind {
+  AMK_BUFFERKIND_WEIGHT = 0,
+  AMK_BUFFERKIND_CONST = 1,
+  AMK_BUFFERKIND_KV_CACHE = 2,
+  AMK_BUFFERKIND_IO_INPUT = 3,
+  AMK_BUFFERKIND_IO_OUTPUT = 4,
+  AMK_BUFFERKIND_ACTIVATION = 5,
+  AMK_BUFFERKIND_SCRATCH = 6,
+};
+
+enum AmkOp {
+  AMK_OP_EMBED = 0,
+  AMK_OP_RMSNORM = 1,
+  AMK_OP_GEMV = 2,
+  AMK_OP_REDUCE = 3,
+  AMK_OP_ROPE = 4,
+  AMK_OP_KV_APPEND = 5,
+  AMK_OP_ATTN_PARTIAL = 6,
+  AMK_OP_ATTN_COMBINE = 7,
+  AMK_OP_SILU_MUL = 8,
+  AMK_OP_ADD = 9,
+  AMK_OP_ARGMAX = 10,
+  AMK_OP_HEAD_NORM = 11,
+};
+
+enum AmkEpilogue {
+  AMK_EPILOGUE_STORE = 0,
+  AMK_EPILOGUE_ADD = 1,
+  AMK_EPILOGUE_SILU_MUL = 2,
+  AMK_EPILOGUE_ROPE = 3,
+  AMK_EPILOGUE_ROPE_APPEND = 4,
+  AMK_EPILOGUE_APPEND = 5,
+};
+
+enum AmkKvMode {
+  AMK_KVMODE_NONE = 0,
+  AMK_KVMODE_APPEND = 1,
+  AMK_KVMODE_PREFIX = 2,
+};
+
+#define AMK_MAX_BUFFERS 65536LL
+#define AMK_MAX_BUFFER_ELEMS 68719476736LL
+#define AMK_MAX_COUNTERS 1048576LL
+#define AMK_MAX_HEAD_DIM 256LL
+#define AMK_MAX_INPUTS 10LL
+#define AMK_MAX_KV_SPLITS 64LL
+#define AMK_MAX_OUTPUTS 2LL
+#define AMK_MAX_QUEUES 1024LL
+#define AMK_MAX_RANK 4LL
+#define AMK_MAX_TASKS 1048576LL
+#define AMK_MAX_THREADS 1024LL
+#define AMK_MAX_WAITS 4LL
