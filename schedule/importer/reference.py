@@ -1,0 +1,30 @@
+"""The eager HF model for a (spec, weights) pair: the correctness oracle's reference."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from amk.schedule.importer.checkpoint import DTYPES
+from amk.schedule.modelspec import ModelSpec
+
+
+def build_hf_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: Optional[str] = "float32"):
+    """An eval-mode HF `PreTrainedModel` (eager attention) holding exactly `weights`.
+
+    `dtype` defaults to float32 whatever the weights' dtype; None keeps `spec.dtype`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch_dtype = DTYPES[dtype or spec.dtype]
+    config = AutoConfig.for_model(**spec.hf_config)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch_dtype)
+    state = {k: t.to(torch_dtype) for k, t in weights.items()}
+    if spec.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
+    if spec.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()
