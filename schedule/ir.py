@@ -21,7 +21,8 @@ arithmetic is fp32, and each store rounds to the output buffer's dtype. Quantize
 dequantize as I8: w = code * scale[r, c // group]; U4: w = code * scale[r, c // group] +
 zero[r, c // group] (zero holds the group minimum), codes unsigned 0..15 packed two per
 byte, element e in byte e // 2, low nibble first. Scale/zero companions have shape
-[rows, cols // group] and the weight's buffer records `group`.
+[rows, cols // group], any float dtype, and the weight's buffer records `group`. An
+operand with count == 1 has no stride (it is ignored).
 
 Runtime inputs: an IO_INPUT I32 buffer `pos` (len 1) holds this step's position p; the
 KV length is p + 1. Ops that need it take `pos` as an operand.
@@ -177,17 +178,19 @@ class RmsNormParams(_Model):
 class GemvParams(_Model):
     """A slab of rows of y = W x, with fused prologue and epilogue.
 
-    inputs, in this order (bracketed ones only when their flag says so):
+    inputs, in this order (bracketed ones only when their flag says so; opspec.input_roles
+    is the authority):
       w        rows x [k_lo, k_hi) of W (count=rows, stride=k, len=k_hi-k_lo)
       x        the input vector; the whole vector [0, k) if norm_eps is set, else [k_lo, k_hi)
       [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
-      [w2]     the up-projection slab, shaped like w          if epilogue == SILU_MUL
-      [scales..] for quantized w (and w2): scale [, zero] tiles, count=rows
-      [bias]   len rows (and a second bias for w2 is not supported)  if has_bias
+      [w_scale[, w_zero]]  for quantized w: tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
+      [w2[, w2_scale[, w2_zero]]]  the up-projection slab, shaped like w  if epilogue == SILU_MUL
+      [bias]   len rows                                       if has_bias
       [residual] len rows                                     if epilogue == ADD
       [head_gamma] len head_dim                               if head_norm_eps is not None
       [inv_freq] len head_dim/2 and [pos] len 1               if epilogue is ROPE/ROPE_APPEND
       [pos]    len 1                                          if epilogue == APPEND
+    The epilogue extras ([bias] onwards) belong to the REDUCE task instead when split_k > 1.
     outputs: [y]: rows values (KV_CACHE with kv=APPEND for ROPE_APPEND/APPEND), or, when
     split_k > 1, the partial sums of this K slice into scratch (len rows*m, m=2 for
     SILU_MUL), which a REDUCE task finishes; the epilogue extras then belong to REDUCE.

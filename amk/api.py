@@ -1,0 +1,125 @@
+"""The public Python API: `amk.compile(...) -> Megakernel`.
+
+    mk = amk.compile()                       # the embedded SmolLM2-135M
+    mk.validation.accepted                   # always True: a rejected program never compiles
+    mk.generate("The capital of France is", max_new_tokens=16)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import torch
+
+from amk.errors import AmkError
+from amk.schedule.config import ScheduleConfig
+from amk.schedule.ir import GpuTarget, Program, ValidationResult
+from amk.schedule.modelspec import ModelSpec
+
+
+class ProgramRejected(AmkError):
+    """The lowering produced a program the validator refuses: a compiler bug, never run."""
+
+
+@dataclass
+class Megakernel:
+    """A validated program bound to its weights, runnable on the CPU oracle or a CUDA GPU."""
+
+    spec: ModelSpec
+    program: Program
+    validation: ValidationResult
+    tensors: dict[str, torch.Tensor]
+    config: ScheduleConfig
+    source_weights: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # the importer's, for the oracle
+    tokenizer: Any = None
+    _vms: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # -------------------------------------------------------------- prompts
+    def encode(self, prompt: Union[str, Sequence[int]]) -> list[int]:
+        """Token ids of a prompt. Without a tokenizer (a config-only model) a text prompt is
+        its UTF-8 bytes modulo the vocabulary."""
+        if not isinstance(prompt, str):
+            ids = [int(i) for i in prompt]
+        elif self.tokenizer is not None:
+            ids = list(self.tokenizer(prompt)["input_ids"])
+        else:
+            ids = [b % self.spec.vocab_size for b in prompt.encode("utf-8")]
+        if not ids:
+            raise AmkError("the prompt is empty")
+        bad = [i for i in ids if not 0 <= i < self.spec.vocab_size]
+        if bad:
+            raise AmkError(f"token id {bad[0]} is outside the vocabulary of {self.spec.vocab_size}")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(str(i) for i in ids)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # -------------------------------------------------------------- running
+    def vm(self, device: str = "cpu"):
+        """The VM for `device` ("cpu" = ReferenceVM, "cuda" = the megakernel), built once."""
+        if device not in self._vms:
+            if device == "cpu":
+                from amk.vm.reference import ReferenceVM
+
+                self._vms[device] = ReferenceVM(self.program, self.tensors, validation=self.validation)
+            elif device.startswith("cuda"):
+                if not torch.cuda.is_available():
+                    raise AmkError("no CUDA GPU is available; use --device cpu")
+                from amk.vm.loader import CudaVM
+
+                self._vms[device] = CudaVM(self.program, self.tensors, device=device, validation=self.validation)
+            else:
+                raise AmkError(f"unknown device {device!r}; use cpu or cuda")
+        return self._vms[device]
+
+    def generate(self, prompt: Union[str, Sequence[int]], max_new_tokens: int = 32, *, device: str = "cpu",
+                 progress: bool = False) -> list[int]:
+        """Greedy continuation: the new token ids (one launch per token on CUDA)."""
+        ids = self.encode(prompt)
+        if len(ids) + max_new_tokens > self.program.kv_capacity:
+            raise AmkError(f"{len(ids)} prompt + {max_new_tokens} new tokens exceed the KV capacity {self.program.kv_capacity}")
+        vm = self.vm(device)
+        vm.reset()
+        return vm.generate(ids, max_new_tokens, progress=progress)
+
+    def logits_for(self, ids: Sequence[int], *, device: str = "cpu") -> torch.Tensor:
+        vm = self.vm(device)
+        vm.reset()
+        return vm.logits_for(list(ids))
+
+
+def compile(model: Optional[str] = None, config: Optional[ScheduleConfig] = None, target: Union[str, GpuTarget, None] = None,
+            *, dtype: Optional[str] = None, random_init: bool = False, seed: int = 0, kv_capacity: int = 2048,
+            progress: bool = False, loaded: Optional[tuple[ModelSpec, dict]] = None) -> Megakernel:
+    """Import `model` (None = the embedded SmolLM2-135M), lower it for `target` under
+    `config`, validate, and bind the weights. Raises `AmkError` subclasses for bad input,
+    unsupported models and (never expected) rejected lowerings."""
+    from amk.schedule.importer import load_model, load_tokenizer
+    from amk.schedule.lower import bind_weights, lower
+    from amk.schedule.targets import get_target
+    from amk.schedule.validate import validate
+
+    tgt = target if isinstance(target, GpuTarget) else _target(target, get_target)
+    spec, weights = loaded or load_model(model, random_init=random_init, seed=seed, dtype=dtype, progress=progress)
+    cfg = config or ScheduleConfig()
+    if dtype is not None and cfg.dtype is None:
+        cfg = cfg.model_copy(update={"dtype": dtype})
+    program = lower(spec, cfg, tgt, kv_capacity=kv_capacity)
+    result = validate(program)
+    if not result.accepted:
+        raise ProgramRejected("the lowering produced a program the validator rejects (a compiler bug): "
+                              + "; ".join(f"[{v.check}] {v.reason}" for v in result.violations[:3]))
+    tensors = bind_weights(program, spec, weights)
+    tokenizer = None if random_init else load_tokenizer(model)
+    return Megakernel(spec=spec, program=program, validation=result, tensors=tensors, config=cfg,
+                      source_weights=weights, tokenizer=tokenizer)
+
+
+def _target(name, get_target) -> GpuTarget:
+    try:
+        return get_target(name)
+    except ValueError as exc:
+        raise AmkError(str(exc)) from None

@@ -1,0 +1,199 @@
+"""`ScheduleConfig`: every knob of the lowering and the VM, in one validated record.
+
+Each field changes the lowered `Program` (its tasks, tiles, queues, buffers or the VM
+knobs in `program.meta["vm"]`); none is reserved. `PRESETS` names a few useful points of
+the space, gpt-fast style. `ScheduleConfig.model_json_schema()` is what `amk schema`
+prints, and the agent edit surface edits these fields as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from amk.schedule.ir import MAX_KV_SPLITS, MAX_QUEUES
+
+Auto = Literal["auto"]
+QuantMode = Literal["none", "int8", "int4"]
+ProgramDType = Literal["float32", "bfloat16", "float16"]
+SmAssignment = Literal["round_robin", "lpt", "explicit"]
+
+
+class ScheduleConfig(BaseModel):
+    """How one decode step of a model is lowered onto a persistent megakernel."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --------------------------------------------------------------- work split
+    gemv_tasks_per_matrix: Union[Auto, int] = Field(
+        "auto",
+        description="Row slabs per logical weight matrix (the q/k/v projections count as one "
+        "concatenated matrix, gate/up as one, then o, down and the LM head), at most: slabs that "
+        "cannot shorten a stage (its largest task) are not cut, e.g. beside whole-head RoPE slabs. "
+        "Each slab is split_k tasks. Standalone elementwise ops (norm, add, silu-mul, rope, "
+        "append) use the same tile count. 'auto' = about one task per queue: ceil(queues / split_k).",
+    )
+    split_k: int = Field(
+        1, ge=1, le=16,
+        description="Split every GEMV's K dimension into this many slices; partial sums go to "
+        "fp32 scratch and a REDUCE task per row slab sums them and runs the epilogue.",
+    )
+    kv_splits: Union[Auto, int] = Field(
+        "auto",
+        description=f"Attention splits of the KV positions per KV head (1..{MAX_KV_SPLITS}); one "
+        "ATTN_PARTIAL task per (kv head, split), then one ATTN_COMBINE per kv head. 'auto' = "
+        "ceil(queues / kv_heads), capped by the splits the KV capacity can fill.",
+    )
+    kv_block: int = Field(
+        64, ge=8, le=1024,
+        description="Granularity (positions, a power of two) of an attention split's chunk: "
+        "chunk = ceil(ceil((pos+1)/splits)/kv_block)*kv_block.",
+    )
+
+    # --------------------------------------------------------------- placement
+    sm_assignment: SmAssignment = Field(
+        "lpt",
+        description="How tasks are dealt onto per-block queues: 'round_robin' in lowering "
+        "order; 'lpt' longest-processing-time-first by estimated bytes, balanced within each "
+        "DAG level; 'explicit' takes explicit_queues.",
+    )
+    explicit_queues: Optional[list[int]] = Field(
+        None,
+        description="With sm_assignment='explicit': the queue of every task, in lowering "
+        "order (its length is checked against the lowered task count).",
+    )
+    blocks_per_sm: int = Field(
+        1, ge=1, le=8,
+        description="Persistent blocks per SM/CU (Program.blocks_per_cu); queues = SMs x this, "
+        "and threads_per_block x this must fit one SM.",
+    )
+    max_queues: Optional[int] = Field(
+        None, ge=1, le=MAX_QUEUES,
+        description="Upper bound on the number of queues (persistent blocks); None = every "
+        "co-resident block of the target.",
+    )
+    threads_per_block: int = Field(
+        256, ge=64, le=1024,
+        description="Threads per persistent block (Program.threads_per_block), a multiple of 32.",
+    )
+    prefetch_depth: int = Field(
+        1, ge=0, le=4,
+        description="VM knob (program.meta['vm']): how many upcoming tasks' weights a block "
+        "starts loading before waiting on the current task's activations (0 = none).",
+    )
+
+    # --------------------------------------------------------------- fusion
+    fuse_norm: bool = Field(
+        True, description="RMSNorm in the prologue of the next GEMV (else standalone RMSNORM tasks)."
+    )
+    fuse_rope_append: bool = Field(
+        True,
+        description="Head norm + RoPE + KV-cache append in the q/k/v GEMV epilogues (else "
+        "standalone HEAD_NORM, ROPE and KV_APPEND tasks).",
+    )
+    fuse_residual: bool = Field(
+        True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
+    )
+    fuse_silu_mul: bool = Field(
+        True,
+        description="One gate/up GEMV with a SILU_MUL epilogue (else separate gate and up GEMVs "
+        "and standalone SILU_MUL tasks).",
+    )
+
+    # --------------------------------------------------------------- numerics
+    quant: QuantMode = Field(
+        "none",
+        description="Weight-only quantization of the linear layers: int8 (symmetric, I8 codes x "
+        "scale) or int4 (asymmetric, U4 codes x scale + group minimum).",
+    )
+    quant_group: Union[Literal[32, 64, 128], Literal["channel"]] = Field(
+        128,
+        description="Quantization group along K (32/64/128; halved per matrix until it divides "
+        "K); 'channel' = one group per output row (int8 only).",
+    )
+    quant_lm_head: bool = Field(
+        False,
+        description="Quantize the LM head too (a tied head gets a separate quantized copy "
+        "'lm_head.q'); needs quant != 'none'.",
+    )
+    quant_unpack: int = Field(
+        0, ge=0, le=3,
+        description="VM knob: quantized-weight unpack strategy code written to every quantized "
+        "GEMV's params.unpack (semantics unchanged); needs quant != 'none'.",
+    )
+    dtype: Optional[ProgramDType] = Field(
+        None,
+        description="Program dtype of weights, activations and KV cache; None = the model's dtype.",
+    )
+
+    # --------------------------------------------------------------- checks
+    @field_validator("gemv_tasks_per_matrix")
+    @classmethod
+    def _slabs(cls, v):
+        if v != "auto" and not 1 <= v <= 4096:
+            raise ValueError("gemv_tasks_per_matrix must be 'auto' or in 1..4096")
+        return v
+
+    @field_validator("kv_splits")
+    @classmethod
+    def _kv_splits(cls, v):
+        if v != "auto" and not 1 <= v <= MAX_KV_SPLITS:
+            raise ValueError(f"kv_splits must be 'auto' or in 1..{MAX_KV_SPLITS}")
+        return v
+
+    @field_validator("kv_block")
+    @classmethod
+    def _kv_block(cls, v):
+        if v & (v - 1):
+            raise ValueError("kv_block must be a power of two")
+        return v
+
+    @field_validator("threads_per_block")
+    @classmethod
+    def _threads(cls, v):
+        if v % 32:
+            raise ValueError("threads_per_block must be a multiple of 32")
+        return v
+
+    @field_validator("explicit_queues")
+    @classmethod
+    def _explicit(cls, v):
+        if v is not None and any(not 0 <= q < MAX_QUEUES for q in v):
+            raise ValueError(f"explicit_queues entries must be in 0..{MAX_QUEUES - 1}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if (self.sm_assignment == "explicit") != (self.explicit_queues is not None):
+            raise ValueError("explicit_queues is given exactly when sm_assignment == 'explicit'")
+        if self.quant_group == "channel":
+            if self.quant != "int8":
+                raise ValueError("quant_group='channel' is for int8 only")
+            if self.split_k > 1:
+                raise ValueError("quant_group='channel' cannot be split along K (split_k must be 1)")
+        if self.quant == "none" and (self.quant_lm_head or self.quant_unpack):
+            raise ValueError("quant_lm_head / quant_unpack need quant != 'none'")
+        return self
+
+    def with_(self, **changes) -> "ScheduleConfig":
+        """A copy with some fields changed, validated again."""
+        return ScheduleConfig.model_validate({**self.model_dump(), **changes})
+
+
+PRESETS: dict[str, ScheduleConfig] = {
+    "default": ScheduleConfig(),
+    "unfused": ScheduleConfig(fuse_norm=False, fuse_rope_append=False, fuse_residual=False, fuse_silu_mul=False),
+    "split_k2": ScheduleConfig(split_k=2),
+    "int8": ScheduleConfig(quant="int8", quant_group="channel"),
+    "int8_g128": ScheduleConfig(quant="int8", quant_group=128),
+    "int4": ScheduleConfig(quant="int4", quant_group=64),
+    "int4_all": ScheduleConfig(quant="int4", quant_group=64, quant_lm_head=True),
+}
+
+
+def preset(name: str) -> ScheduleConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None

@@ -1,0 +1,150 @@
+"""Hazard tracking for the lowering: derive every task's waits from the regions it touches.
+
+The lowering emits tasks in *groups*; a group shares one counter that each of its tasks
+signals once, and a consumer always waits on a group in full (threshold = group size).
+For each new task the tracker finds every earlier group whose accesses conflict with it
+(read-after-write, write-after-read, write-after-write on overlapping elements of a
+mutable buffer), then drops the groups already implied transitively by another one. The
+result is exactly the happens-before the validator asks for, with no hand-written waits.
+
+Regions follow `ir.py` ("Regions"); a KV_CACHE operand is tracked by its columns (an
+APPEND write and a PREFIX read of the same columns overlap at row `pos`).
+Immutable buffers (WEIGHT, CONST) and IO_INPUT are never written, so are not tracked.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from amk.schedule.ir import MAX_WAITS, BufferKind, KvMode, Operand
+
+UNTRACKED = frozenset({BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT})
+Intervals = list[tuple[int, int]]
+
+
+def intervals(o: Operand) -> Intervals:
+    """The elements an operand touches as sorted disjoint half-open intervals."""
+    if o.kv != KvMode.NONE or o.count <= 1:
+        return [(o.off, o.off + o.len)]
+    if o.stride <= o.len:
+        return [(o.off, o.off + (o.count - 1) * o.stride + o.len)]
+    return [(o.off + c * o.stride, o.off + c * o.stride + o.len) for c in range(o.count)]
+
+
+def merge(ivs: Intervals) -> Intervals:
+    out: Intervals = []
+    for lo, hi in sorted(ivs):
+        if lo >= hi:
+            continue
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def overlaps(a: Intervals, b: Intervals) -> bool:
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def covered(inner: Intervals, outer: Intervals) -> bool:
+    """Every element of `inner` lies in `outer` (both merged)."""
+    starts = [lo for lo, _ in outer]
+    for lo, hi in inner:
+        k = bisect.bisect_right(starts, lo) - 1
+        if k < 0 or outer[k][1] < hi:
+            return False
+    return True
+
+
+@dataclass
+class _Record:
+    group: int
+    write: bool
+    ivs: Intervals
+
+
+@dataclass
+class HazardTracker:
+    kinds: dict[int, BufferKind] = field(default_factory=dict)  # buffer id -> kind
+    log: dict[int, list[_Record]] = field(default_factory=dict)
+    ancestors: list[int] = field(default_factory=list)  # group -> bitmask of ancestor groups
+
+    def tracked(self, buf: int) -> bool:
+        return self.kinds[buf] not in UNTRACKED
+
+    def deps(self, inputs: list[Operand], outputs: list[Operand]) -> list[int]:
+        """Groups this task must wait on (transitively reduced), ascending."""
+        found: set[int] = set()
+        for ops, write in ((inputs, False), (outputs, True)):
+            for o in ops:
+                if not self.tracked(o.buf):
+                    continue
+                ivs = intervals(o)
+                for rec in self.log.get(o.buf, ()):
+                    if (write or rec.write) and rec.group not in found and overlaps(ivs, rec.ivs):
+                        found.add(rec.group)
+        implied = 0  # a group is implied if it is an ancestor of another found group
+        for e in found:
+            implied |= self.ancestors[e]
+        reduced = [g for g in found if not (implied >> g) & 1]
+        if len(reduced) > MAX_WAITS:
+            raise RuntimeError(f"a task needs {len(reduced)} waits (> MAX_WAITS={MAX_WAITS}): {sorted(reduced)}")
+        return sorted(reduced)
+
+    def commit(self, group: int, tasks: list[tuple[list[Operand], list[Operand], list[int]]]) -> None:
+        """Record a finished group: its tasks' (inputs, outputs, deps)."""
+        assert group == len(self.ancestors)
+        anc = 0
+        reads: dict[int, Intervals] = {}
+        writes: dict[int, Intervals] = {}
+        for inputs, outputs, deps in tasks:
+            for d in deps:
+                anc |= (1 << d) | self.ancestors[d]
+            for ops, acc in ((inputs, reads), (outputs, writes)):
+                for o in ops:
+                    if self.tracked(o.buf):
+                        acc.setdefault(o.buf, []).extend(intervals(o))
+        self.ancestors.append(anc)
+        _check_disjoint(group, tasks, self.tracked)
+        for buf, ivs in writes.items():
+            w = merge(ivs)
+            # older accesses wholly overwritten here are ordered before this group, and
+            # every later conflicting access waits on this group: they can be forgotten
+            self.log[buf] = [r for r in self.log.get(buf, []) if not covered(r.ivs, w)]
+            self.log[buf].append(_Record(group, True, w))
+        for buf, ivs in reads.items():
+            self.log.setdefault(buf, []).append(_Record(group, False, merge(ivs)))
+
+
+def _check_disjoint(group, tasks, tracked) -> None:
+    """Tasks of one group run concurrently: no two may conflict (a task may read what it
+    writes itself, e.g. an in-place residual add). O(n log n) per buffer."""
+    reads: dict[int, list[tuple[int, int, int]]] = {}
+    writes: dict[int, list[tuple[int, int, int]]] = {}
+    for t, (inputs, outputs, _) in enumerate(tasks):
+        for ops, acc in ((inputs, reads), (outputs, writes)):
+            for o in ops:
+                if tracked(o.buf):
+                    acc.setdefault(o.buf, []).extend((lo, hi, t) for lo, hi in intervals(o))
+    for buf, ws in writes.items():
+        ws.sort()
+        for (_, h0, t0), (l1, _, t1) in zip(ws, ws[1:]):
+            if l1 < h0 and t0 != t1:
+                raise RuntimeError(f"group {group}: tasks {t0} and {t1} both write buffer {buf} at {l1}")
+        starts, ends = [w[0] for w in ws], [w[1] for w in ws]
+        for lo, hi, t in reads.get(buf, ()):
+            for k in range(bisect.bisect_right(ends, lo), bisect.bisect_left(starts, hi)):
+                if ws[k][2] != t:
+                    raise RuntimeError(f"group {group}: task {t} reads buffer {buf} at [{lo}, {hi}) "
+                                       f"while task {ws[k][2]} writes it")

@@ -1,0 +1,516 @@
+"""Lowering: ModelSpec + ScheduleConfig + GpuTarget -> Program (one decode step).
+
+Per layer, with every fusion on (DESIGN "Performance design"):
+
+    QKV GEMV slabs (+norm prologue, +bias, +head norm/RoPE/KV append epilogues)
+      -> ATTN_PARTIAL per (kv head, split) -> ATTN_COMBINE per kv head
+      -> O-proj GEMV (+residual add into x, in place)
+      -> gate/up GEMV (+norm prologue, +SiLU*up epilogue) -> down GEMV (+residual add)
+
+then the final norm + LM head GEMV -> logits -> ARGMAX -> next_token. A fusion switched
+off emits the standalone op instead (RMSNORM, HEAD_NORM, ROPE, KV_APPEND, ADD,
+SILU_MUL); split_k > 1 turns every GEMV into K-slice partial tasks plus REDUCE tasks.
+
+Waits are not written by hand: `HazardTracker` derives each task's waits from the
+regions it reads and writes (RAW, WAR, WAW), so activation buffers are shared by all
+layers and every reuse is ordered. Queues come from `placement.assign`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from amk.schedule import placement
+from amk.schedule.config import ScheduleConfig
+from amk.schedule.hazards import HazardTracker
+from amk.schedule.ir import (
+    MAX_HEAD_DIM,
+    MAX_KV_SPLITS,
+    MAX_QUEUES,
+    AddParams,
+    ArgmaxParams,
+    AttnCombineParams,
+    AttnPartialParams,
+    Buffer,
+    BufferKind,
+    Counter,
+    DType,
+    EmbedParams,
+    Epilogue,
+    GemvParams,
+    GpuTarget,
+    HeadNormParams,
+    KvAppendParams,
+    KvMode,
+    Op,
+    Operand,
+    Program,
+    ReduceParams,
+    RmsNormParams,
+    RopeParams,
+    SiluMulParams,
+    Task,
+    Wait,
+)
+from amk.schedule.modelspec import ModelSpec
+from amk.schedule.quantize import group_for
+from amk.schedule.stats import program_stats
+from amk.schedule.targets import coresident_blocks
+from amk.schedule.weights import INV_FREQ, LM_HEAD_Q, bind_weights, rope_inv_freq  # noqa: F401 (re-exported)
+
+PROGRAM_DTYPES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
+ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
+
+
+def tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
+    """Split [0, n) into at most `parts` near-equal contiguous tiles, bounds multiples of gran."""
+    if n % gran:
+        raise ValueError(f"{n} is not a multiple of {gran}")
+    units = n // gran
+    parts = max(1, min(parts, units))
+    base, extra = divmod(units, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        u = base + (i < extra)
+        out.append((lo * gran, (lo + u) * gran))
+        lo += u
+    return out
+
+
+def _allocate(total: int, mats: list["_Mat"]) -> list[int]:
+    """Share `total` row slabs among a stage's matrices in proportion to their bytes (each
+    >= 1 and <= its whole-unit cap), then give back slabs that cannot shorten the stage:
+    it lasts as long as its largest task, so no matrix needs tasks smaller than that."""
+    weights = [m.rows * m.k * m.width for m in mats]
+    caps = [m.rows // m.gran for m in mats]
+    alloc = [1] * len(mats)
+    wsum = sum(weights)
+    for _ in range(max(0, total - len(mats))):
+        open_ = [i for i in range(len(mats)) if alloc[i] < caps[i]]
+        if not open_:
+            break
+        i = max(open_, key=lambda i: (weights[i] * total / wsum - alloc[i], -i))
+        alloc[i] += 1
+
+    def task_bytes(i: int, a: int) -> int:  # the largest slab of matrix i cut into a slabs
+        m = mats[i]
+        return -(-caps[i] // a) * m.gran * m.k * m.width
+
+    worst = max(task_bytes(i, a) for i, a in enumerate(alloc))
+    for i in range(len(mats)):
+        while alloc[i] > 1 and task_bytes(i, alloc[i] - 1) <= worst:
+            alloc[i] -= 1
+    return alloc
+
+
+@dataclass
+class _Mat:
+    """One weight matrix of a GEMV stage and what its epilogue does with each row."""
+
+    role: str  # names the tasks and the split-K scratch
+    w: Buffer
+    y: Callable[[int, int], Operand]  # output operand for rows [r0, r0 + rows)
+    epilogue: Epilogue = Epilogue.STORE
+    w2: Optional[Buffer] = None  # the up projection of a fused SILU_MUL
+    bias: Optional[Buffer] = None
+    residual: Optional[Buffer] = None
+    head_gamma: Optional[Buffer] = None
+    head_dim: int = 0
+    gran: int = 1  # rows per slab must be a multiple (whole heads for RoPE)
+
+    @property
+    def rows(self) -> int:
+        return self.w.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.w.shape[1]
+
+    @property
+    def width(self) -> int:
+        return 2 if self.epilogue == Epilogue.SILU_MUL else 1
+
+
+@dataclass
+class _Spec:
+    name: str
+    params: object
+    inputs: list[Operand]
+    outputs: list[Operand]
+
+
+def _op(buf: Buffer, off: int, n: int, count: int = 1, stride: int = 0, kv: KvMode = KvMode.NONE) -> Operand:
+    return Operand(buf=buf.id, off=off, len=n, count=count, stride=stride if count > 1 else 0, kv=kv)
+
+
+def _whole(buf: Buffer) -> Operand:
+    return _op(buf, 0, buf.numel)
+
+
+class _Lowering:
+    def __init__(self, spec: ModelSpec, cfg: ScheduleConfig, target: GpuTarget, kv_capacity: int):
+        self.spec, self.cfg, self.target, self.kv_capacity = spec, cfg, target, kv_capacity
+        self.dtype = PROGRAM_DTYPES[cfg.dtype or spec.dtype]
+        if self.dtype not in target.dtypes:
+            raise ValueError(f"target {target.name} does not support {self.dtype.name}")
+        self.scale_dtype = DType.F32 if self.dtype == DType.F32 else DType.F16
+        self.quant_dtype = {"none": None, "int8": DType.I8, "int4": DType.U4}[cfg.quant]
+
+        per_cu = cfg.blocks_per_sm
+        if coresident_blocks(target, cfg.threads_per_block, per_cu) < target.compute_units * per_cu:
+            raise ValueError(
+                f"{per_cu} block(s) of {cfg.threads_per_block} threads per SM do not fit {target.name}"
+            )
+        if cfg.threads_per_block % target.warp_size:
+            raise ValueError(f"threads_per_block must be a multiple of the {target.name} warp size {target.warp_size}")
+        self.n_queues = min(target.compute_units * per_cu, cfg.max_queues or MAX_QUEUES, MAX_QUEUES)
+        s = cfg.gemv_tasks_per_matrix
+        self.slabs = -(-self.n_queues // cfg.split_k) if s == "auto" else s
+        kvh = spec.num_kv_heads
+        if cfg.kv_splits == "auto":
+            fill = -(-kv_capacity // cfg.kv_block)
+            self.kv_splits = max(1, min(MAX_KV_SPLITS, -(-self.n_queues // kvh), fill))
+        else:
+            self.kv_splits = cfg.kv_splits
+
+        self.buffers: list[Buffer] = []
+        self.by_name: dict[str, Buffer] = {}
+        self.counters: list[Counter] = []
+        self.tasks: list[Task] = []
+        self.hz = HazardTracker()
+        self._size: list[int] = []  # tasks per counter (group)
+
+    # ------------------------------------------------------------------ buffers
+    def buf(self, name: str, kind: BufferKind, dtype: DType, shape: list[int], **kw) -> Buffer:
+        if name in self.by_name:
+            b = self.by_name[name]
+            assert (b.kind, b.dtype, b.shape) == (kind, dtype, shape), name
+            return b
+        b = Buffer(id=len(self.buffers), name=name, kind=kind, dtype=dtype, shape=shape, **kw)
+        self.buffers.append(b)
+        self.by_name[name] = b
+        self.hz.kinds[b.id] = kind
+        return b
+
+    def act(self, name: str, n: int) -> Buffer:
+        return self.buf(name, BufferKind.ACTIVATION, self.dtype, [n])
+
+    def weight(self, name: str, shape: list[int]) -> Buffer:
+        return self.buf(name, BufferKind.WEIGHT, self.dtype, shape)
+
+    def linear(self, name: str, rows: int, k: int, quantize: bool = True) -> Buffer:
+        """A [rows, k] weight, quantized per the config (with its companions)."""
+        if self.quant_dtype is None or not quantize:
+            return self.weight(name, [rows, k])
+        if name in self.by_name:
+            return self.by_name[name]
+        g = group_for(k, self.cfg.quant_group)
+        scale = self.buf(name + ".scale", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g])
+        zero = None
+        if self.quant_dtype == DType.U4:
+            zero = self.buf(name + ".zero", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g]).id
+        return self.buf(name, BufferKind.WEIGHT, self.quant_dtype, [rows, k], scale=scale.id, zero=zero, group=g)
+
+    # ------------------------------------------------------------------ tasks
+    def group(self, name: str, specs: list[_Spec]) -> int:
+        """Emit tasks that share one counter; their waits come from the hazard tracker."""
+        cid = len(self.counters)
+        self.counters.append(Counter(id=cid, name=name))
+        done = []
+        for s in specs:
+            deps = self.hz.deps(s.inputs, s.outputs)
+            waits = [Wait(counter=d, threshold=self._size[d]) for d in deps]
+            self.tasks.append(Task(id=len(self.tasks), params=s.params, inputs=s.inputs, outputs=s.outputs,
+                                   waits=waits, out_counter=cid, name=s.name))
+            done.append((s.inputs, s.outputs, deps))
+        self._size.append(len(specs))
+        self.hz.commit(cid, done)
+        return cid
+
+    # ------------------------------------------------------------------ GEMV stages
+    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer, norm: Optional[Buffer]) -> None:
+        """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
+        when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any."""
+        cfg = self.cfg
+        counts = _allocate(self.slabs, mats)
+        sk = cfg.split_k
+        eps = self.spec.rms_norm_eps if norm is not None else None
+        partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []
+        direct: list[_Spec] = []  # one counter for the stage's GEMV (or partial) tasks
+        for m, n_slabs in zip(mats, counts, strict=True):
+            slabs = tiles(m.rows, n_slabs, m.gran)
+            if sk == 1:
+                ksl = [(0, m.k)]
+            else:
+                kg = m.w.group if m.w.group else (8 if m.k % 8 == 0 else 1)
+                ksl = tiles(m.k, sk, kg)
+                if len(ksl) != sk:
+                    raise ValueError(f"{m.w.name}: K={m.k} cannot be split into {sk} slices of multiples of {kg}")
+            scratch = None
+            if sk > 1:
+                scratch = self.buf(f"splitk.{m.role}", BufferKind.SCRATCH, DType.F32, [sk, m.rows * m.width])
+            for r0, r1 in slabs:
+                rows = r1 - r0
+                for s, (k_lo, k_hi) in enumerate(ksl):
+                    params = GemvParams(
+                        rows=rows, k=m.k, k_lo=k_lo, k_hi=k_hi, split_k=sk, norm_eps=eps,
+                        has_bias=m.bias is not None, epilogue=m.epilogue, head_dim=m.head_dim,
+                        head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
+                        unpack=cfg.quant_unpack if m.w.group else 0,
+                    )
+                    ins = [self.w_op(m.w, r0, rows, k_lo, k_hi)]
+                    ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
+                    if norm is not None:
+                        ins.append(_whole(norm))
+                    ins += self.q_ops(m.w, r0, rows, k_lo, k_hi)
+                    if m.w2 is not None:
+                        ins.append(self.w_op(m.w2, r0, rows, k_lo, k_hi))
+                        ins += self.q_ops(m.w2, r0, rows, k_lo, k_hi)
+                    if sk == 1:
+                        ins += self.extras(m, r0, rows)
+                        outs = [m.y(r0, rows)]
+                    else:
+                        R, w = m.rows * m.width, m.width
+                        outs = [_op(scratch, s * R + r0 * w, rows * w)]
+                    tag = f"{name}.{m.role}[{r0}:{r1}]" + (f".k{s}" if sk > 1 else "")
+                    direct.append(_Spec(tag, params, ins, outs))
+            partial_groups.append((m, slabs, scratch))
+        # split-K partials share one counter per stage too: a producer set must write each
+        # scratch buffer without gaps (validator `tile-gap`), and a per-slab set would not
+        self.group(name if sk == 1 else f"{name}.partial", direct)
+        if sk == 1:
+            return
+        reduce_specs = []
+        for m, slabs, scratch in partial_groups:
+            R, w = m.rows * m.width, m.width
+            for r0, r1 in slabs:
+                rows = r1 - r0
+                params = ReduceParams(
+                    rows=rows, split_k=sk, has_bias=m.bias is not None, epilogue=m.epilogue, head_dim=m.head_dim,
+                    head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
+                )
+                ins = [_op(scratch, r0 * w, rows * w, count=sk, stride=R)] + self.extras(m, r0, rows)
+                reduce_specs.append(_Spec(f"{name}.{m.role}[{r0}:{r1}].reduce", params, ins, [m.y(r0, rows)]))
+        self.group(f"{name}.reduce", reduce_specs)
+
+    def w_op(self, w: Buffer, r0: int, rows: int, k_lo: int, k_hi: int) -> Operand:
+        k = w.shape[1]
+        return _op(w, r0 * k + k_lo, k_hi - k_lo, count=rows, stride=k)
+
+    def q_ops(self, w: Buffer, r0: int, rows: int, k_lo: int, k_hi: int) -> list[Operand]:
+        if w.scale is None:
+            return []
+        g = w.group
+        per_row = w.shape[1] // g
+        comps = [w.scale] + ([w.zero] if w.zero is not None else [])
+        return [_op(self.buffers[c], r0 * per_row + k_lo // g, (k_hi - k_lo) // g, count=rows, stride=per_row)
+                for c in comps]
+
+    def extras(self, m: _Mat, r0: int, rows: int) -> list[Operand]:
+        """Epilogue operands in opspec order: [bias] [residual] [head_gamma] [inv_freq pos | pos]."""
+        ops = []
+        if m.bias is not None:
+            ops.append(_op(m.bias, r0, rows))
+        if m.epilogue == Epilogue.ADD:
+            ops.append(_op(m.residual, r0, rows))
+        if m.head_gamma is not None:
+            ops.append(_whole(m.head_gamma))
+        if m.epilogue in ROPE_EPILOGUES:
+            ops += [_op(self.inv_freq, 0, self.spec.head_dim // 2), _whole(self.pos)]
+        elif m.epilogue == Epilogue.APPEND:
+            ops.append(_whole(self.pos))
+        return ops
+
+    # ------------------------------------------------------------------ standalone ops
+    def rmsnorm(self, name: str, x: Buffer, gamma: Buffer, y: Buffer) -> None:
+        h = x.numel
+        self.group(name, [
+            _Spec(f"{name}[{c0}:{c1}]", RmsNormParams(hidden=h, col=c0, eps=self.spec.rms_norm_eps),
+                  [_whole(x), _op(gamma, c0, c1 - c0)], [_op(y, c0, c1 - c0)])
+            for c0, c1 in tiles(h, self.slabs)
+        ])
+
+    def binary(self, name: str, op: Op, a: Buffer, b: Buffer, y: Buffer) -> None:
+        n = a.numel
+        mk = AddParams if op == Op.ADD else SiluMulParams
+        self.group(name, [
+            _Spec(f"{name}[{c0}:{c1}]", mk(n=c1 - c0), [_op(a, c0, c1 - c0), _op(b, c0, c1 - c0)],
+                  [_op(y, c0, c1 - c0)])
+            for c0, c1 in tiles(n, self.slabs)
+        ])
+
+    def per_head(self, parts: list[tuple[str, Buffer, Buffer, int]], kind: Op, name: str,
+                 gammas: dict[str, Buffer] | None = None) -> None:
+        """HEAD_NORM / ROPE / KV_APPEND over whole-head tiles of several vectors, one counter."""
+        d = self.spec.head_dim
+        specs = []
+        for role, src, dst, heads in parts:
+            for h0, h1 in tiles(heads, self.slabs):
+                off, n = h0 * d, (h1 - h0) * d
+                if kind == Op.HEAD_NORM:
+                    p = HeadNormParams(head_dim=d, heads=h1 - h0, eps=self.spec.rms_norm_eps)
+                    ins, out = [_op(src, off, n), _whole(gammas[role])], _op(dst, off, n)
+                elif kind == Op.ROPE:
+                    p = RopeParams(head_dim=d, heads=h1 - h0)
+                    ins, out = [_op(src, off, n), _op(self.inv_freq, 0, d // 2), _whole(self.pos)], _op(dst, off, n)
+                else:
+                    p = KvAppendParams(n=n)
+                    ins, out = [_op(src, off, n), _whole(self.pos)], _op(dst, off, n, kv=KvMode.APPEND)
+                specs.append(_Spec(f"{name}.{role}[{h0}:{h1}]", p, ins, [out]))
+        self.group(name, specs)
+
+    # ------------------------------------------------------------------ the model
+    def run(self) -> Program:
+        spec, cfg = self.spec, self.cfg
+        H, V, F, L, d = spec.hidden_size, spec.vocab_size, spec.intermediate_size, spec.num_layers, spec.head_dim
+        nq, nkv, qh = spec.num_heads, spec.num_kv_heads, spec.q_per_kv
+        QD, KD = nq * d, nkv * d
+        if nq % nkv or d % 2 or d > MAX_HEAD_DIM:
+            raise ValueError(f"unsupported head layout: {nq} heads, {nkv} kv heads, head_dim {d}")
+
+        self.token = self.buf("token", BufferKind.IO_INPUT, DType.I32, [1])
+        self.pos = self.buf("pos", BufferKind.IO_INPUT, DType.I32, [1])
+        logits = self.buf("logits", BufferKind.IO_OUTPUT, DType.F32, [V])
+        next_token = self.buf("next_token", BufferKind.IO_OUTPUT, DType.I32, [1])
+        self.inv_freq = self.buf(INV_FREQ, BufferKind.CONST, DType.F32, [d // 2])
+        embed = self.weight("model.embed_tokens.weight", [V, H])
+        x = self.act("x", H)
+
+        self.group("embed", [_Spec("embed", EmbedParams(vocab=V, hidden=H),
+                                   [_whole(self.token), _op(embed, 0, H, count=V, stride=H)], [_whole(x)])])
+
+        def normed(name: str, gamma: Buffer) -> tuple[Buffer, Optional[Buffer]]:
+            if cfg.fuse_norm:
+                return x, gamma
+            xn = self.act("xn", H)
+            self.rmsnorm(name, x, gamma, xn)
+            return xn, None
+
+        def into(buf: Buffer, kv: KvMode = KvMode.NONE):
+            return lambda r0, rows: _op(buf, r0, rows, kv=kv)
+
+        for i in range(L):
+            p, t = f"model.layers.{i}.", f"layers.{i}"
+            kc = self.buf(f"{t}.k_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
+            vc = self.buf(f"{t}.v_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
+            a = p + "self_attn."
+            wq, wk, wv = self.linear(a + "q_proj.weight", QD, H), self.linear(a + "k_proj.weight", KD, H), \
+                self.linear(a + "v_proj.weight", KD, H)
+            bq = bk = bv = qn = kn = None
+            if spec.qkv_bias:
+                bq, bk, bv = (self.weight(a + f"{m}_proj.bias", [n]) for m, n in (("q", QD), ("k", KD), ("v", KD)))
+            if spec.qk_norm:
+                qn, kn = self.weight(a + "q_norm.weight", [d]), self.weight(a + "k_norm.weight", [d])
+
+            # ---- q/k/v
+            xin, gamma = normed(f"{t}.attn_norm", self.weight(p + "input_layernorm.weight", [H]))
+            q = self.act("q", QD)
+            if cfg.fuse_rope_append:
+                mats = [
+                    _Mat("q", wq, into(q), Epilogue.ROPE, bias=bq, head_gamma=qn, head_dim=d, gran=d),
+                    _Mat("k", wk, into(kc, KvMode.APPEND), Epilogue.ROPE_APPEND, bias=bk, head_gamma=kn,
+                         head_dim=d, gran=d),
+                    _Mat("v", wv, into(vc, KvMode.APPEND), Epilogue.APPEND, bias=bv),
+                ]
+                self.gemv_stage(f"{t}.qkv", mats, xin, gamma)
+            else:
+                q_raw, k_raw, v_raw = self.act("q_raw", QD), self.act("k_raw", KD), self.act("v_raw", KD)
+                mats = [_Mat("q", wq, into(q_raw), bias=bq), _Mat("k", wk, into(k_raw), bias=bk),
+                        _Mat("v", wv, into(v_raw), bias=bv)]
+                self.gemv_stage(f"{t}.qkv", mats, xin, gamma)
+                qs, ks = q_raw, k_raw
+                if spec.qk_norm:
+                    qs, ks = self.act("q_hn", QD), self.act("k_hn", KD)
+                    self.per_head([("q", q_raw, qs, nq), ("k", k_raw, ks, nkv)], Op.HEAD_NORM, f"{t}.head_norm",
+                                  {"q": qn, "k": kn})
+                k_rot = self.act("k_rot", KD)
+                self.per_head([("q", qs, q, nq), ("k", ks, k_rot, nkv)], Op.ROPE, f"{t}.rope")
+                self.per_head([("k", k_rot, kc, nkv), ("v", v_raw, vc, nkv)], Op.KV_APPEND, f"{t}.kv_append")
+
+            # ---- attention
+            S = self.kv_splits
+            o_part = self.buf("attn.o_partial", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, d])
+            ml = self.buf("attn.ml", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, 2])
+            attn = self.act("attn_out", QD)
+            scale = 1.0 / math.sqrt(d)
+            self.group(f"{t}.attn_partial", [
+                _Spec(f"{t}.attn_partial[g{g}.s{s}]",
+                      AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
+                      [_op(q, g * qh * d, qh * d), _op(kc, g * d, d, kv=KvMode.PREFIX),
+                       _op(vc, g * d, d, kv=KvMode.PREFIX), _whole(self.pos)],
+                      [_op(o_part, (g * S + s) * qh * d, qh * d), _op(ml, (g * S + s) * qh * 2, qh * 2)])
+                for g in range(nkv) for s in range(S)
+            ])
+            self.group(f"{t}.attn_combine", [
+                _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
+                      [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
+                      [_op(attn, g * qh * d, qh * d)])
+                for g in range(nkv)
+            ])
+
+            # ---- o-proj (+ residual)
+            wo = self.linear(a + "o_proj.weight", H, QD)
+            self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj")
+
+            # ---- mlp
+            m = p + "mlp."
+            wg, wu = self.linear(m + "gate_proj.weight", F, H), self.linear(m + "up_proj.weight", F, H)
+            xin, gamma = normed(f"{t}.mlp_norm", self.weight(p + "post_attention_layernorm.weight", [H]))
+            h = self.act("mlp_h", F)
+            if cfg.fuse_silu_mul:
+                self.gemv_stage(f"{t}.gate_up", [_Mat("gate_up", wg, into(h), Epilogue.SILU_MUL, w2=wu)], xin, gamma)
+            else:
+                g_act, u_act = self.act("mlp_gate", F), self.act("mlp_up", F)
+                self.gemv_stage(f"{t}.gate_up", [_Mat("gate", wg, into(g_act)), _Mat("up", wu, into(u_act))],
+                                xin, gamma)
+                self.binary(f"{t}.silu_mul", Op.SILU_MUL, g_act, u_act, h)
+            wd = self.linear(m + "down_proj.weight", H, F)
+            self.residual_gemv(f"{t}.down", "down", wd, h, x, "mlp_out")
+
+        # ---- final norm, LM head, argmax
+        xin, gamma = normed("final_norm", self.weight("model.norm.weight", [H]))
+        if spec.tie_word_embeddings:
+            head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head else embed
+        else:
+            head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
+        self.gemv_stage("lm_head", [_Mat("lm_head", head, into(logits))], xin, gamma)
+        self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(next_token)])])
+        return self.program()
+
+    def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer, x: Buffer, tmp: str) -> None:
+        """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD."""
+        if self.cfg.fuse_residual:
+            self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x)], src, None)
+        else:
+            out = self.act(tmp, x.numel)
+            self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None)
+            self.binary(f"{name}.add", Op.ADD, x, out, x)
+
+    def program(self) -> Program:
+        cfg = self.cfg
+        cost = [placement.task_bytes(t, self.buffers, self.kv_capacity) for t in self.tasks]
+        queues = placement.assign(self.tasks, self.n_queues, cfg.sm_assignment, cost, cfg.explicit_queues)
+        prog = Program(
+            name=self.spec.name, target=self.target, threads_per_block=cfg.threads_per_block,
+            blocks_per_cu=cfg.blocks_per_sm, kv_capacity=self.kv_capacity, buffers=self.buffers,
+            counters=self.counters, tasks=self.tasks, queues=queues,
+        )
+        prog.meta = {
+            "model": self.spec.name,
+            "family": self.spec.family,
+            "dtype": self.dtype.name,
+            "config": cfg.model_dump(mode="json"),
+            "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits},
+            "vm": {"prefetch_depth": cfg.prefetch_depth},
+        }
+        prog.meta["stats"] = program_stats(prog)
+        return prog
+
+
+def lower(spec: ModelSpec, config: ScheduleConfig | None, target: GpuTarget, *, kv_capacity: int = 2048) -> Program:
+    """Lower one decode step of `spec` under `config` (default config if None) for `target`."""
+    if kv_capacity < 1:
+        raise ValueError("kv_capacity must be >= 1")
+    return _Lowering(spec, config or ScheduleConfig(), target, kv_capacity).run()

@@ -1,0 +1,77 @@
+"""Weight-only quantization to the IR's I8 / U4 layouts (see `ir.py`, "Numerics").
+
+I8: w = code * scale[r, c // group], codes int8 in -127..127 (symmetric, absmax).
+U4: w = code * scale[r, c // group] + zero[r, c // group], zero = the group minimum,
+codes 0..15 packed two per byte, element e in byte e // 2, low nibble first.
+
+Scale and zero are stored in `scale_dtype`; codes are computed against the *stored*
+(rounded) scale and zero, so dequantization reproduces exactly what was quantized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_for(k: int, group: int | str) -> int:
+    """The group actually used for a matrix with K columns: 'channel' -> K; otherwise the
+    requested group, halved until it divides K (at least 8)."""
+    if group == "channel":
+        return k
+    g = int(group)
+    while g >= 8 and k % g:
+        g //= 2
+    if g < 8:
+        raise ValueError(f"no quantization group >= 8 divides K={k}")
+    return g
+
+
+def _grouped(w: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"group {group} does not divide K={k}")
+    return w.float().reshape(n, k // group, group)
+
+
+def quantize_int8(w: torch.Tensor, group: int, scale_dtype: torch.dtype):
+    """-> (codes int8 [N, K], scale [N, K/group] in scale_dtype)."""
+    wg = _grouped(w, group)
+    scale = (wg.abs().amax(-1) / 127.0).to(scale_dtype)
+    s = scale.float()
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    scale = s.to(scale_dtype)
+    codes = torch.clamp(torch.round(wg / s[..., None]), -127, 127).to(torch.int8)
+    return codes.reshape(w.shape), scale
+
+
+def quantize_int4(w: torch.Tensor, group: int, scale_dtype: torch.dtype):
+    """-> (packed uint8 [N, K/2], scale [N, K/group], zero [N, K/group]) in scale_dtype."""
+    n, k = w.shape
+    if k % 2:
+        raise ValueError("int4 needs an even K")
+    wg = _grouped(w, group)
+    zero = wg.amin(-1).to(scale_dtype)
+    z = zero.float()
+    s = ((wg.amax(-1) - z) / 15.0).to(scale_dtype).float()
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    codes = torch.clamp(torch.round((wg - z[..., None]) / s[..., None]), 0, 15).to(torch.uint8)
+    codes = codes.reshape(n, k)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed.contiguous(), s.to(scale_dtype), zero
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] uint8 -> [N, K] codes 0..15."""
+    lo, hi = packed & 0xF, packed >> 4
+    return torch.stack([lo, hi], dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 weights from I8 codes [N, K] or packed U4 [N, K/2] (+ zero)."""
+    c = unpack_int4(codes) if zero is not None else codes
+    n, k = c.shape
+    group = k // scale.shape[1]
+    w = c.float().reshape(n, k // group, group) * scale.float()[..., None]
+    if zero is not None:
+        w = w + zero.float()[..., None]
+    return w.reshape(n, k)

@@ -1,0 +1,556 @@
+"""The lowering: zoo-like model shapes under many configs give well-formed, race-free
+programs (checked here independently of the lowering's own hazard tracker, and by the
+validator), every config field changes the program, weights bind in the right layouts,
+and the lowered step matches eager Hugging Face on the ReferenceVM."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from amk.schedule.config import ScheduleConfig
+from amk.schedule.ir import (
+    DTYPE_BITS,
+    IMMUTABLE_KINDS,
+    MAX_INPUTS,
+    MAX_OUTPUTS,
+    MAX_WAITS,
+    BufferKind,
+    DType,
+    Epilogue,
+    KvMode,
+    Op,
+    Program,
+)
+from amk.schedule.lower import bind_weights, lower, program_stats, rope_inv_freq, tiles
+from amk.schedule.modelspec import ModelSpec
+from amk.schedule.opspec import input_roles, output_roles
+from amk.schedule.quantize import dequantize, group_for, quantize_int4, quantize_int8
+from amk.schedule.targets import coresident_blocks, get_target
+
+H100 = get_target("h100")
+K = BufferKind
+
+
+# ----------------------------------------------------------------------------- models
+def spec_of(name, family="llama", H=128, heads=2, kv=2, d=64, F=256, L=2, V=256, tied=False, dtype="float32",
+            hf_config=None, **kw) -> ModelSpec:
+    return ModelSpec(name=name, family=family, vocab_size=V, hidden_size=H, intermediate_size=F, num_layers=L,
+                     num_heads=heads, num_kv_heads=kv, head_dim=d, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     max_position_embeddings=512, tie_word_embeddings=tied, dtype=dtype,
+                     qkv_bias=family == "qwen2", qk_norm=family == "qwen3", hf_config=hf_config or {}, **kw)
+
+
+ZOO = {
+    "mha": spec_of("mha"),
+    "gqa": spec_of("gqa", H=256, heads=4, kv=2, F=512, tied=True),
+    "mqa": spec_of("mqa", family="mistral", H=256, heads=4, kv=1, F=384),
+    "d128": spec_of("d128", H=256, heads=2, kv=1, d=128, F=512, L=1),
+    "odd": spec_of("odd", H=576, heads=9, kv=3, d=64, F=1536, L=1, V=320, tied=True),
+    "qwen2": spec_of("qwen2", family="qwen2", H=256, heads=4, kv=2, F=512, tied=True),
+    "qwen3": spec_of("qwen3", family="qwen3", H=128, heads=4, kv=2, d=64, F=256),
+}
+
+UNFUSED = dict(fuse_norm=False, fuse_rope_append=False, fuse_residual=False, fuse_silu_mul=False)
+CONFIGS = {
+    "default": {},
+    "unfused": UNFUSED,
+    "no_norm": dict(fuse_norm=False),
+    "no_rope": dict(fuse_rope_append=False),
+    "no_residual": dict(fuse_residual=False),
+    "no_silu": dict(fuse_silu_mul=False),
+    "split_k2": dict(split_k=2),
+    "split_k4_unfused": dict(split_k=4, **UNFUSED),
+    "kv1": dict(kv_splits=1),
+    "kv4": dict(kv_splits=4, kv_block=8),
+    "round_robin": dict(sm_assignment="round_robin", gemv_tasks_per_matrix=5),
+    "int8_g32": dict(quant="int8", quant_group=32),
+    "int8_channel": dict(quant="int8", quant_group="channel", quant_lm_head=True),
+    "int4_g64_sk2": dict(quant="int4", quant_group=64, split_k=2, quant_lm_head=True),
+    "int4_unfused": dict(quant="int4", quant_group=128, **UNFUSED),
+    "bf16": dict(dtype="bfloat16", split_k=2, fuse_residual=False),
+}
+
+
+def cfg_of(**kw) -> ScheduleConfig:
+    return ScheduleConfig(**{"max_queues": 8, **kw})
+
+
+# ----------------------------------------------------------------------------- structure
+def _elems(buf, o) -> set[int]:
+    """Elements an operand touches (KV caches: the columns), straight from the IR docstring."""
+    if o.kv != KvMode.NONE:
+        return set(range(o.off, o.off + o.len))
+    return {o.off + c * o.stride + e for c in range(o.count) for e in range(o.len)}
+
+
+def check_structure(p: Program) -> None:
+    bufs, tasks = p.buffers, p.tasks
+    assert [b.id for b in bufs] == list(range(len(bufs)))
+    assert [t.id for t in tasks] == list(range(len(tasks)))
+    assert len({b.name for b in bufs}) == len(bufs)
+    # queues: every task exactly once, each queue in a topological (lowering) order
+    flat = sorted(i for q in p.queues for i in q)
+    assert flat == list(range(len(tasks)))
+    assert all(q == sorted(q) for q in p.queues)
+    assert len(p.queues) <= coresident_blocks(p.target, p.threads_per_block, p.blocks_per_cu)
+    producers: dict[int, list[int]] = {}
+    for t in tasks:
+        producers.setdefault(t.out_counter, []).append(t.id)
+    assert sorted(producers) == [c.id for c in p.counters]
+
+    hb_counter: dict[int, int] = {}  # counter -> bitmask of tasks done once it is full
+    hb = [0] * len(tasks)
+    for t in tasks:
+        wdt = bufs[t.inputs[0].buf].dtype if t.op == Op.GEMV else DType.F32
+        assert len(t.inputs) == len(input_roles(t.params, wdt)) <= MAX_INPUTS, t.name
+        assert len(t.outputs) == len(output_roles(t.params)) <= MAX_OUTPUTS, t.name
+        assert len(t.waits) <= MAX_WAITS
+        for w in t.waits:
+            assert w.threshold == len(producers[w.counter]), "a counter is only waited on in full"
+            assert max(producers[w.counter]) < t.id
+            hb[t.id] |= hb_counter[w.counter]
+        hb_counter[t.out_counter] = hb_counter.get(t.out_counter, 0) | hb[t.id] | (1 << t.id)
+        for o in t.inputs + t.outputs:
+            b = bufs[o.buf]
+            assert o.len >= 1 and o.count >= 1
+            if o.kv != KvMode.NONE:
+                assert b.kind == K.KV_CACHE and o.off + o.len <= b.shape[1]
+            else:
+                assert b.kind != K.KV_CACHE and o.off + (o.count - 1) * o.stride + o.len <= b.numel, t.name
+        for o in t.outputs:
+            assert bufs[o.buf].kind not in IMMUTABLE_KINDS | {K.IO_INPUT}
+        _check_params(p, t)
+
+    # race freedom and completeness, element by element
+    acc: dict[int, list[tuple[int, bool, set[int]]]] = {}
+    for t in tasks:
+        for ops, write in ((t.inputs, False), (t.outputs, True)):
+            for o in ops:
+                b = bufs[o.buf]
+                if b.kind in IMMUTABLE_KINDS or b.kind == K.IO_INPUT:
+                    continue
+                acc.setdefault(o.buf, []).append((t.id, write, _elems(b, o)))
+    for buf, lst in acc.items():
+        b = bufs[buf]
+        written = set()
+        for i, (ta, wa, ea) in enumerate(lst):
+            for tb, wb, eb in lst[i + 1:]:
+                if ta != tb and (wa or wb) and ea & eb:
+                    lo, hi = min(ta, tb), max(ta, tb)
+                    assert (hb[hi] >> lo) & 1, f"unordered conflict on {b.name}: {tasks[lo].name} / {tasks[hi].name}"
+            if wa:
+                written |= ea
+            else:
+                before = set().union(*(e for tc, wc, e in lst if wc and (hb[ta] >> tc) & 1))
+                assert ea <= before, f"{tasks[ta].name} reads {b.name} elements no earlier task wrote"
+        full = b.shape[1] if b.kind == K.KV_CACHE else b.numel
+        assert written == set(range(full)), f"{b.name} not completely written"
+
+
+def _check_params(p: Program, t) -> None:
+    bufs, pr = p.buffers, t.params
+    if t.op == Op.GEMV:
+        w = t.inputs[0]
+        assert w.count == pr.rows and w.len == pr.k_hi - pr.k_lo and bufs[w.buf].shape[1] == pr.k
+        m = 2 if pr.epilogue == Epilogue.SILU_MUL else 1
+        assert t.outputs[0].len == pr.rows * (m if pr.split_k > 1 else 1)
+        if pr.epilogue in (Epilogue.ROPE, Epilogue.ROPE_APPEND):
+            assert pr.rows % pr.head_dim == 0 and t.outputs[0].off % pr.head_dim == 0
+        if pr.epilogue == Epilogue.ADD and pr.split_k == 1:
+            res = t.inputs[input_roles(pr, bufs[w.buf].dtype).index("residual")]
+            assert (res.buf, res.off, res.len) == (t.outputs[0].buf, t.outputs[0].off, t.outputs[0].len)
+        if bufs[w.buf].group:
+            assert pr.k_lo % bufs[w.buf].group == 0
+    elif t.op == Op.REDUCE:
+        assert t.inputs[0].count == pr.split_k
+    elif t.op == Op.ATTN_PARTIAL:
+        assert t.inputs[0].len == pr.q_heads * pr.head_dim and t.inputs[1].kv == KvMode.PREFIX
+
+
+# ----------------------------------------------------------------------------- the matrix
+try:
+    from amk.schedule.validate import validate
+except ImportError:  # pragma: no cover - the validator lands separately
+    validate = None
+
+
+@pytest.mark.parametrize("cname", list(CONFIGS))
+@pytest.mark.parametrize("mname", list(ZOO))
+def test_zoo_lowers_well_formed(mname, cname):
+    spec = ZOO[mname]
+    p = lower(spec, cfg_of(**CONFIGS[cname]), H100, kv_capacity=64)
+    check_structure(p)
+    assert Program.from_json(p.to_json()) == p
+    assert p.kv_capacity == 64 and p.meta["model"] == spec.name
+    if validate is not None:
+        res = validate(p)
+        assert res.accepted, res.summary()
+
+
+@pytest.mark.parametrize("mname", ["gqa", "odd"])
+def test_full_size_queues_validate(mname):
+    """Default config: one queue per SM of the target (no max_queues)."""
+    pytest.importorskip("amk.schedule.validate")
+    for target in ("h100", "mi300x"):
+        p = lower(ZOO[mname], None, get_target(target), kv_capacity=128)
+        assert len(p.queues) == get_target(target).compute_units
+        res = validate(p)
+        assert res.accepted, res.summary()
+
+
+def test_buffer_contract():
+    spec = ZOO["qwen3"]
+    p = lower(spec, cfg_of(), H100, kv_capacity=32)
+    b = {x.name: x for x in p.buffers}
+    assert (b["token"].kind, b["token"].dtype, b["token"].shape) == (K.IO_INPUT, DType.I32, [1])
+    assert (b["pos"].kind, b["pos"].dtype, b["pos"].shape) == (K.IO_INPUT, DType.I32, [1])
+    assert (b["logits"].kind, b["logits"].dtype, b["logits"].shape) == (K.IO_OUTPUT, DType.F32, [spec.vocab_size])
+    assert (b["next_token"].kind, b["next_token"].dtype) == (K.IO_OUTPUT, DType.I32)
+    for i in range(spec.num_layers):
+        for kv in ("k", "v"):
+            c = b[f"layers.{i}.{kv}_cache"]
+            assert (c.kind, c.dtype, c.shape) == (K.KV_CACHE, DType.F32, [32, spec.num_kv_heads * spec.head_dim])
+    weights = {x.name for x in p.buffers if x.kind == K.WEIGHT}
+    assert weights == set(spec.expected_tensor_names())
+    assert [x.name for x in p.buffers if x.kind == K.CONST] == ["rope.inv_freq"]
+    assert [t.op for t in p.tasks][-1] == Op.ARGMAX
+
+
+def test_every_op_is_used():
+    used = set()
+    for cname in ("default", "unfused", "split_k2"):
+        p = lower(ZOO["qwen3"], cfg_of(**CONFIGS[cname]), H100, kv_capacity=16)
+        used |= {t.op for t in p.tasks}
+    assert used == set(Op)
+
+
+def test_tied_head_reads_embedding_unless_quantized():
+    spec = ZOO["gqa"]
+    p = lower(spec, cfg_of(), H100, kv_capacity=16)
+    head = [t for t in p.tasks if t.name.startswith("lm_head")]
+    assert {p.buffers[t.inputs[0].buf].name for t in head} == {"model.embed_tokens.weight"}
+    p = lower(spec, cfg_of(quant="int4", quant_lm_head=True), H100, kv_capacity=16)
+    head = [t for t in p.tasks if t.name.startswith("lm_head")]
+    q = p.buffer("lm_head.q")
+    assert {t.inputs[0].buf for t in head} == {q.id} and q.dtype == DType.U4
+    assert p.buffer("model.embed_tokens.weight").dtype == DType.F32
+    p = lower(ZOO["mha"], cfg_of(quant="int8", quant_lm_head=True), H100, kv_capacity=16)
+    assert p.buffer("lm_head.weight").dtype == DType.I8 and "lm_head.q" not in {b.name for b in p.buffers}
+
+
+def test_fused_layer_is_six_hops():
+    p = lower(ZOO["gqa"], cfg_of(), H100, kv_capacity=16)
+    st = p.meta["stats"]
+    # QKV -> attn partial -> combine -> o-proj -> gate/up -> down
+    assert st["hops_per_layer"] == [6, 6]
+    assert st == program_stats(Program.model_validate({**p.model_dump(), "meta": {}}))
+    unfused = lower(ZOO["gqa"], cfg_of(**UNFUSED), H100, kv_capacity=16).meta["stats"]
+    assert unfused["max_hops_per_layer"] > st["max_hops_per_layer"]
+    assert st["streamed_bytes"] < st["weight_bytes"] + 1  # tied: the table is streamed once by the head
+    assert st["floor_us"] == pytest.approx(st["streamed_bytes"] / (H100.hbm_gbps * 1e3))
+
+
+def test_meta():
+    p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
+    assert p.meta["vm"] == {"prefetch_depth": 3}
+    assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
+    assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
+    assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
+
+
+def test_slabs_and_splits_follow_config():
+    spec = ZOO["gqa"]
+    p = lower(spec, cfg_of(gemv_tasks_per_matrix=4, split_k=2, kv_splits=3), H100, kv_capacity=64)
+    o = [t for t in p.tasks if t.name.startswith("layers.0.o_proj") and t.op == Op.GEMV]
+    assert len(o) == 4 * 2 and {t.params.split_k for t in o} == {2}
+    attn = [t for t in p.tasks if t.name.startswith("layers.0.attn_partial")]
+    assert len(attn) == spec.num_kv_heads * 3
+    # q/k/v slabs cover whole heads when RoPE is fused
+    qkv = [t for t in p.tasks if t.name.startswith("layers.0.qkv") and t.op == Op.GEMV]
+    assert all(t.params.rows % spec.head_dim == 0 for t in qkv if t.params.epilogue != Epilogue.APPEND)
+
+
+def test_explicit_queues():
+    spec = ZOO["mha"]
+    n = len(lower(spec, cfg_of(), H100, kv_capacity=16).tasks)
+    rng = random.Random(0)
+    where = [rng.randrange(8) for _ in range(n)]
+    p = lower(spec, cfg_of(sm_assignment="explicit", explicit_queues=where), H100, kv_capacity=16)
+    for q, ids in enumerate(p.queues):
+        assert all(where[i] == q for i in ids)
+    check_structure(p)
+    with pytest.raises(ValueError, match="explicit_queues"):
+        lower(spec, cfg_of(sm_assignment="explicit", explicit_queues=where[:-1]), H100, kv_capacity=16)
+    with pytest.raises(ValueError, match="explicit_queues"):
+        lower(spec, cfg_of(sm_assignment="explicit", explicit_queues=[8] * n), H100, kv_capacity=16)
+
+
+def test_refusals():
+    with pytest.raises(ValueError, match="do not fit"):
+        lower(ZOO["mha"], ScheduleConfig(threads_per_block=1024, blocks_per_sm=4), H100)
+    with pytest.raises(ValueError, match="kv_capacity"):
+        lower(ZOO["mha"], None, H100, kv_capacity=0)
+    with pytest.raises(ValueError, match="cannot be split"):
+        lower(spec_of("tiny", H=64, heads=1, kv=1, F=128), cfg_of(split_k=16), H100)
+
+
+# every field, a (base, changed) pair of config overrides; the lowered JSON must differ
+FIELD_CHANGES = {
+    "gemv_tasks_per_matrix": ({}, dict(gemv_tasks_per_matrix=3)),
+    "split_k": ({}, dict(split_k=2)),
+    "kv_splits": ({}, dict(kv_splits=4)),
+    "kv_block": ({}, dict(kv_block=16)),
+    "sm_assignment": ({}, dict(sm_assignment="round_robin")),
+    "explicit_queues": ("explicit0", "explicit1"),
+    "blocks_per_sm": (dict(max_queues=None), dict(max_queues=None, blocks_per_sm=2)),
+    "max_queues": ({}, dict(max_queues=4)),
+    "threads_per_block": ({}, dict(threads_per_block=512)),
+    "prefetch_depth": ({}, dict(prefetch_depth=2)),
+    "fuse_norm": ({}, dict(fuse_norm=False)),
+    "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
+    "fuse_residual": ({}, dict(fuse_residual=False)),
+    "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
+    "quant": ({}, dict(quant="int8")),
+    "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
+    "quant_lm_head": (dict(quant="int8"), dict(quant="int8", quant_lm_head=True)),
+    "quant_unpack": (dict(quant="int4"), dict(quant="int4", quant_unpack=1)),
+    "dtype": ({}, dict(dtype="bfloat16")),
+}
+
+
+def test_every_field_is_covered():
+    assert set(FIELD_CHANGES) == set(ScheduleConfig.model_fields)
+
+
+@pytest.mark.parametrize("field", list(FIELD_CHANGES))
+def test_every_field_changes_the_program(field):
+    spec = ZOO["gqa"]
+    base, alt = FIELD_CHANGES[field]
+    if base == "explicit0":
+        n = len(lower(spec, cfg_of(), H100, kv_capacity=64).tasks)
+        base = dict(sm_assignment="explicit", explicit_queues=[0] * n)
+        alt = dict(sm_assignment="explicit", explicit_queues=[i % 8 for i in range(n)])
+    a = lower(spec, cfg_of(**base), H100, kv_capacity=64)
+    b = lower(spec, cfg_of(**alt), H100, kv_capacity=64)
+    strip = lambda p: Program.model_validate({**p.model_dump(), "meta": {**p.meta, "config": None}}).to_json()
+    assert strip(a) != strip(b), f"{field} does not change the lowered program"
+
+
+# ----------------------------------------------------------------------------- weights
+def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = {}
+    H, F, V, d = spec.hidden_size, spec.intermediate_size, spec.vocab_size, spec.head_dim
+    QD, KD = spec.num_heads * d, spec.num_kv_heads * d
+    for name in spec.expected_tensor_names():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            shapes[name] = [d] if ("q_norm" in name or "k_norm" in name) else [H]
+        elif name.endswith(".bias"):
+            shapes[name] = [QD if "q_proj" in name else KD]
+        else:
+            base = name.split(".")[-2]
+            shapes[name] = {"embed_tokens": [V, H], "lm_head": [V, H], "q_proj": [QD, H], "k_proj": [KD, H],
+                            "v_proj": [KD, H], "o_proj": [H, QD], "gate_proj": [F, H], "up_proj": [F, H],
+                            "down_proj": [H, F]}[base]
+    out = {}
+    for n, s in shapes.items():
+        if len(s) == 1 and not n.endswith(".bias"):
+            out[n] = 1.0 + 0.2 * torch.randn(s, generator=g)
+        else:
+            out[n] = 0.05 * torch.randn(s, generator=g)
+    return out
+
+
+def test_bind_weights_layouts():
+    spec = ZOO["odd"]  # K=576: int4 group 128 falls back to 64
+    w = random_weights(spec)
+    for kw in (dict(quant="int8", quant_group="channel", quant_lm_head=True),
+               dict(quant="int4", quant_group=128, quant_lm_head=True), dict(dtype="bfloat16")):
+        p = lower(spec, cfg_of(**kw), H100, kv_capacity=16)
+        t = bind_weights(p, spec, w)
+        assert set(t) == {b.name for b in p.buffers if b.kind in IMMUTABLE_KINDS}
+        for b in p.buffers:
+            if b.kind not in IMMUTABLE_KINDS:
+                continue
+            x = t[b.name]
+            want = {DType.I8: torch.int8, DType.U4: torch.uint8, DType.F32: torch.float32,
+                    DType.BF16: torch.bfloat16, DType.F16: torch.float16}[b.dtype]
+            assert x.dtype == want, b.name
+            assert x.numel() * x.element_size() * 8 == b.numel * DTYPE_BITS[b.dtype], b.name
+            if b.scale is not None:
+                scale = t[p.buffers[b.scale].name]
+                zero = t[p.buffers[b.zero].name] if b.zero is not None else None
+                assert list(scale.shape) == [b.shape[0], b.shape[1] // b.group]
+                src = w["model.embed_tokens.weight" if b.name == "lm_head.q" else b.name]
+                err = (dequantize(x, scale, zero) - src).abs().max()
+                step = 2 * src.abs().max() / (15 if b.dtype == DType.U4 else 254)
+                assert err <= step, (b.name, err, step)
+        if kw.get("quant") == "int4":
+            assert p.buffer("model.layers.0.self_attn.q_proj.weight").group == 64
+            assert p.buffer("model.layers.0.mlp.down_proj.weight").group == 128
+    with pytest.raises(KeyError):
+        bind_weights(p, spec, {k: v for k, v in w.items() if "down_proj" not in k})
+
+
+def test_quantizers_roundtrip():
+    w = torch.randn(6, 64)
+    codes, scale = quantize_int8(w, 32, torch.float32)
+    assert codes.dtype == torch.int8 and scale.shape == (6, 2)
+    assert (dequantize(codes, scale) - w).abs().max() <= scale.max() / 2 + 1e-6
+    packed, scale, zero = quantize_int4(w, 16, torch.float16)
+    assert packed.shape == (6, 32) and zero.shape == (6, 4)
+    low = packed[0, 0] & 0xF
+    c0 = torch.round((w[0, 0] - zero[0, 0].float()) / scale[0, 0].float()).clamp(0, 15)
+    assert int(low) == int(c0)  # element 0 in the low nibble of byte 0
+    assert (dequantize(packed, scale, zero) - w).abs().max() <= scale.float().max() / 2 + 1e-3
+    assert group_for(576, 128) == 64 and group_for(4096, "channel") == 4096
+    assert tiles(10, 3) == [(0, 4), (4, 7), (7, 10)] and tiles(256, 3, 64) == [(0, 128), (128, 192), (192, 256)]
+
+
+def _hf_cfg(family, spec_kw, **extra):
+    import transformers
+
+    kw = dict(vocab_size=spec_kw["V"], hidden_size=spec_kw["H"], intermediate_size=spec_kw["F"],
+              num_hidden_layers=spec_kw["L"], num_attention_heads=spec_kw["heads"],
+              num_key_value_heads=spec_kw["kv"], head_dim=spec_kw["d"], rms_norm_eps=1e-5,
+              max_position_embeddings=512, tie_word_embeddings=spec_kw.get("tied", False), **extra)
+    return transformers.AutoConfig.for_model(family, **kw)
+
+
+def test_rope_matches_hf_llama3_and_refuses_scaled_attention():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    sk = dict(V=64, H=128, F=256, L=1, heads=2, kv=1, d=64)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    hf = _hf_cfg("llama", sk, rope_scaling=scaling, rope_theta=500000.0)
+    spec = spec_of("l3", H=128, heads=2, kv=1, d=64, F=256, L=1, V=64, hf_config=hf.to_dict(), rope_scaling=scaling)
+    assert torch.equal(rope_inv_freq(spec), LlamaRotaryEmbedding(hf).inv_freq)
+    plain = spec_of("plain", H=128, heads=2, kv=1, d=64)
+    ref = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.int64).float() / 64))
+    assert torch.equal(rope_inv_freq(plain), ref)
+    yarn = _hf_cfg("llama", sk, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 64})
+    with pytest.raises(ValueError, match="attention_scaling|not supported"):
+        rope_inv_freq(spec_of("yarn", H=128, heads=2, kv=1, d=64, F=256, L=1, V=64, hf_config=yarn.to_dict()))
+
+
+# ----------------------------------------------------------------------------- vs eager HF
+E2E = [
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), {}),
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), UNFUSED),
+    ("qwen2", dict(H=128, heads=4, kv=1, d=64, F=192, L=2, V=200, tied=True), dict(split_k=2, kv_splits=3, kv_block=8)),
+    ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(split_k=4, **UNFUSED, sm_assignment="round_robin")),
+    ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(fuse_norm=False, fuse_silu_mul=False)),
+    ("mistral", dict(H=96, heads=3, kv=3, d=32, F=160, L=2, V=128), dict(quant="int8", quant_group=32, quant_lm_head=True)),
+    ("llama", dict(H=128, heads=2, kv=1, d=64, F=256, L=1, V=128, tied=True),
+     dict(quant="int4", quant_group=32, quant_lm_head=True, split_k=2, gemv_tasks_per_matrix=3)),
+]
+
+
+@pytest.mark.parametrize("family,sk,cfg", E2E)
+def test_matches_eager_hf(family, sk, cfg):
+    rvm = pytest.importorskip("amk.vm.reference")
+    import transformers
+
+    hf_cfg = _hf_cfg(family, sk)
+    spec = spec_of(f"e2e-{family}", family=family, H=sk["H"], heads=sk["heads"], kv=sk["kv"], d=sk["d"], F=sk["F"],
+                   L=sk["L"], V=sk["V"], tied=sk.get("tied", False), hf_config=hf_cfg.to_dict())
+    weights = random_weights(spec, seed=1)
+    p = lower(spec, cfg_of(max_queues=6, **cfg), H100, kv_capacity=16)
+    tensors = bind_weights(p, spec, weights)
+    # the eager reference runs the weights the program holds (dequantized where quantized)
+    ref_w = dict(weights)
+    for b in p.buffers:
+        if b.scale is not None:
+            zero = tensors[p.buffers[b.zero].name] if b.zero is not None else None
+            deq = dequantize(tensors[b.name], tensors[p.buffers[b.scale].name], zero)
+            ref_w["lm_head.weight" if b.name == "lm_head.q" else b.name] = deq
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").eval()
+    state = dict(ref_w)
+    if spec.tie_word_embeddings:
+        if "lm_head.weight" in state:  # a quantized tied head: untie the eager model to hold both
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = torch.nn.Parameter(state["lm_head.weight"].clone())
+            state.pop("lm_head.weight")
+        model.load_state_dict(state, strict=False)
+    else:
+        model.load_state_dict(state, strict=True)
+    ids = [5, 17, 42, 7, 99]
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].float()
+    vm = rvm.ReferenceVM(p, tensors)
+    got = vm.logits_for(ids)
+    torch.testing.assert_close(got, ref, atol=2e-4, rtol=2e-4)
+    assert vm.generate(ids[:2], 3) == _greedy(model, ids[:2], 3)
+
+
+def _greedy(model, ids, n):
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-n:]
+
+
+# ----------------------------------------------------------------------------- helpers
+def test_hazard_tracker_waits():
+    from amk.schedule.hazards import HazardTracker
+    from amk.schedule.ir import Operand
+
+    hz = HazardTracker(kinds={0: K.ACTIVATION, 1: K.WEIGHT, 2: K.KV_CACHE})
+    op = lambda buf, off, n, **kw: Operand(buf=buf, off=off, len=n, **kw)  # noqa: E731
+    assert hz.deps([op(1, 0, 4)], [op(0, 0, 10)]) == []  # weights are not tracked
+    hz.commit(0, [([op(1, 0, 4)], [op(0, 0, 10)], [])])  # group 0 writes x
+    assert hz.deps([op(0, 2, 2)], []) == [0]  # RAW
+    hz.commit(1, [([op(0, 0, 10)], [op(2, 0, 4, kv=KvMode.APPEND)], [0])])  # group 1 reads x, appends
+    # WAR on group 1 and WAW on group 0: group 0 is implied through group 1
+    assert hz.deps([], [op(0, 0, 5)]) == [1]
+    assert hz.deps([op(2, 2, 2, kv=KvMode.PREFIX)], []) == [1]  # prefix read after the append
+    assert hz.deps([op(2, 4, 2, kv=KvMode.PREFIX)], []) == []  # other columns
+    with pytest.raises(RuntimeError, match="both write"):
+        hz.commit(2, [([], [op(0, 0, 6)], [1]), ([], [op(0, 5, 5)], [1])])
+
+
+def test_hazard_tracker_flags_intra_group_read_write():
+    from amk.schedule.hazards import HazardTracker
+    from amk.schedule.ir import Operand
+
+    hz = HazardTracker(kinds={0: K.ACTIVATION})
+    with pytest.raises(RuntimeError, match="reads buffer"):
+        hz.commit(0, [([Operand(buf=0, off=0, len=8)], [Operand(buf=0, off=0, len=4)], []),
+                      ([Operand(buf=0, off=0, len=8)], [Operand(buf=0, off=4, len=4)], [])])
+
+
+def test_lpt_balances_bytes_within_a_level():
+    from amk.schedule import placement
+
+    p = lower(ZOO["odd"], cfg_of(max_queues=8, gemv_tasks_per_matrix=20), H100, kv_capacity=16)
+    buffers = p.buffers
+    cost = [placement.task_bytes(t, buffers, 16) for t in p.tasks]
+    levels = placement.dag_levels(p.tasks)
+
+    def worst(queues):  # sum over levels of the most loaded queue in that level
+        where = {i: q for q, ids in enumerate(queues) for i in ids}
+        total = 0.0
+        for lv in set(levels):
+            load = [0.0] * len(queues)
+            for i, l in enumerate(levels):
+                if l == lv:
+                    load[where[i]] += cost[i]
+            total += max(load)
+        return total
+
+    rr = placement.assign(p.tasks, 8, "round_robin", cost)
+    lpt = placement.assign(p.tasks, 8, "lpt", cost)
+    assert worst(lpt) <= worst(rr)
+    assert lpt == p.queues
+
+
+def test_amd_warp_multiple():
+    with pytest.raises(ValueError, match="warp size"):
+        lower(ZOO["mha"], cfg_of(threads_per_block=96), get_target("mi300x"), kv_capacity=16)
+    assert lower(ZOO["mha"], cfg_of(threads_per_block=128), get_target("mi300x"), kv_capacity=16).threads_per_block == 128
