@@ -53,7 +53,8 @@ def generate_command(
         from amk.eval.oracle import hf_greedy, matching_prefix
         from amk.schedule.importer import build_hf_model
 
-        ref_dtype = "float32" if mk.program.meta.get("dtype") == "float32" else mk.program.meta.get("dtype")
+        # the reference runs at the program's precision (bf16 programs against HF in bf16)
+        ref_dtype = mk.config.dtype or mk.spec.dtype
         hf = hf_greedy(build_hf_model(mk.spec, mk.source_weights, dtype=ref_dtype), ids, max_new_tokens)
         match = matching_prefix(new, hf)
         ok = match == len(hf)

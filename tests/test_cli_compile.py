@@ -1,0 +1,95 @@
+"""`amk compile`, `amk generate`, `amk schema` through the CLI: outputs, refusals and bad input."""
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from amk.cli import app
+from amk.schedule.importer import refusal_zoo, write_random_checkpoint, zoo_configs
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "config.json").write_text(json.dumps(zoo_configs()["llama-gqa-tied"]))
+    return d / "config.json"
+
+
+def _one_line_error(res):
+    assert res.exit_code != 0
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.output
+
+
+def test_compile_writes_validated_program(tiny_config, tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compile", str(tiny_config), "--random-init", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["accepted"] and summary["certificate"]["tasks"] > 0
+    assert {p.name for p in out.iterdir()} == {"program.json", "config.json", "report.md"}
+    assert "hops" in (out / "report.md").read_text()
+    res = runner.invoke(app, ["validate", str(out / "program.json")])
+    assert res.exit_code == 0, res.output
+
+
+def test_generate_verify_random_init(tiny_config):
+    res = runner.invoke(app, ["generate", str(tiny_config), "--random-init", "--prompt-ids", "1,2,3",
+                              "--max-new-tokens", "6", "--device", "cpu", "--verify", "--json",
+                              "--config", "unfused"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["verify"]["pass"] and len(out["new_ids"]) == 6
+
+
+def test_generate_text_prompt_without_tokenizer(tiny_config):
+    res = runner.invoke(app, ["generate", str(tiny_config), "--random-init", "--prompt", "hi", "--max-new-tokens", "2",
+                              "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["prompt_ids"] == [ord("h"), ord("i")]
+
+
+def test_schema_is_json_schema():
+    res = runner.invoke(app, ["schema"])
+    assert res.exit_code == 0
+    schema = json.loads(res.stdout)
+    assert schema["title"] == "ScheduleConfig" and "split_k" in schema["properties"]
+
+
+def test_refused_model_exits_with_reason(tmp_path):
+    name, (cfg, edits, expected) = next(iter(refusal_zoo().items()))
+    write_random_checkpoint(cfg, tmp_path / "m", seed=0, extra_tensors=edits) if edits else (tmp_path / "m").mkdir()
+    if not edits:
+        (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compile", str(tmp_path / "m"), "--random-init", "--out", str(out)])
+    _one_line_error(res)
+    assert expected in res.output and not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated-safetensors", "truncated-gguf", "unknown-hub-id"])
+def test_bad_input_is_one_line_error(kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if kind == "missing":
+        src = str(tmp_path / "does-not-exist")
+    elif kind == "truncated-safetensors":
+        d = tmp_path / "ckpt"
+        write_random_checkpoint(zoo_configs()["llama-mha"], d, seed=0)
+        f = d / "model.safetensors"
+        f.write_bytes(f.read_bytes()[: os.path.getsize(f) // 2])
+        src = str(d)
+    elif kind == "truncated-gguf":
+        f = tmp_path / "m.gguf"
+        f.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 20)
+        src = str(f)
+    else:
+        src = "no-such-org/no-such-model-xyz"
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compile", src, "--out", str(out)])
+    _one_line_error(res)
+    assert not out.exists()
