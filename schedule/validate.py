@@ -10,8 +10,12 @@ Frozen: a change here needs a new soundness campaign (`amk fuzz`).
 
 from __future__ import annotations
 
+import enum
+import gc
 import hashlib
 from typing import Any
+
+import numpy as np
 
 from pydantic import ValidationError
 
@@ -27,15 +31,20 @@ CHECKS = sorted(CHECK_GROUPS)
 def validate(program: Any) -> ir.ValidationResult:
     """Certify `program` (a Program, a dict, or JSON text/bytes) or list why not."""
     rep = Report()
+    gc_was_on = gc.isenabled()
+    gc.disable()  # the analysis allocates many small objects over a large object graph; GC passes cost seconds
     try:
         prog = _parse(program, rep)
         if prog is None:
             return _result(rep, None, 0)
-        pairs = _run_checks(prog, rep)
-        return _result(rep, prog, pairs)
+        pairs, table = _run_checks(prog, rep)
+        return _result(rep, prog, pairs, table)
     except Exception as exc:  # fail closed: a validator bug must never accept or crash
         rep.add("schema", f"the validator could not analyse this input ({type(exc).__name__}: {str(exc)[:200]}).")
         return _result(rep, None, 0)
+    finally:
+        if gc_was_on:
+            gc.enable()
 
 
 def _parse(program: Any, rep: Report):
@@ -55,29 +64,41 @@ def _parse(program: Any, rep: Report):
     return None
 
 
-def _run_checks(prog: ir.Program, rep: Report) -> int:
+def _run_checks(prog: ir.Program, rep: Report):
+    """All checks; returns (ordering checks made, the operand table)."""
     check_program_header(prog, rep)
     check_buffers(prog, rep)
-    rules = check_tasks(prog, rep)
+    table = check_tasks(prog, rep)
     order = Order(prog, rep)
-    acc = Accesses(prog, rules)
+    acc = Accesses(prog, table)
     check_tiles(prog, acc, rep)
     if not order.check_acyclic(rep):
-        return 0  # happens-before is undefined on a cyclic graph; the cycle is the verdict
+        return 0, table  # happens-before is undefined on a cyclic graph; the cycle is the verdict
     if (order.queue_of < 0).any():
-        return 0  # a task that never runs has no place in happens-before
-    return check_races(prog, order, acc, rep)
+        return 0, table  # a task that never runs has no place in happens-before
+    return check_races(prog, order, acc, rep), table
 
 
-def program_hash(prog: ir.Program) -> str:
-    return hashlib.sha256(prog.model_dump_json().encode()).hexdigest()
+def program_hash(prog: ir.Program, table=None) -> str:
+    """SHA-256 of the whole program: everything but the tasks as JSON, the distinct params,
+    the task names, then every task's params index, counter and waits and every operand as
+    integer tables. Same program, same hash (and cheap: no per-task JSON)."""
+    if table is None:
+        table = check_tasks(prog, Report())
+    h = hashlib.sha256()
+    h.update(prog.model_dump_json(exclude={"tasks"}).encode())
+    h.update(repr([tuple(int(v) if isinstance(v, enum.IntEnum) else v for v in p) for p in table.params]).encode())
+    h.update("\x00".join(t.name for t in prog.tasks).encode())
+    for part in (table.task_rows, table.wait_rows, table.array[:, :9]):  # the rule id column is derived
+        h.update(np.ascontiguousarray(part).tobytes())
+    return h.hexdigest()
 
 
-def _result(rep: Report, prog, pairs: int) -> ir.ValidationResult:
+def _result(rep: Report, prog, pairs: int, table=None) -> ir.ValidationResult:
     if not rep.ok or prog is None:
         return ir.ValidationResult(accepted=False, violations=rep.violations)
     cert = ir.Certificate(
-        program_hash=program_hash(prog), checks=CHECKS, tasks=len(prog.tasks), buffers=len(prog.buffers),
+        program_hash=program_hash(prog, table), checks=CHECKS, tasks=len(prog.tasks), buffers=len(prog.buffers),
         counters=len(prog.counters), queues=len(prog.queues), waits=sum(len(t.waits) for t in prog.tasks),
         conflicting_pairs_checked=pairs,
     )

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from amk.schedule import ir
 from amk.schedule.ir import BufferKind as K, DType as D, Epilogue, KvMode, Op
 from amk.schedule.opspec import APPEND_EPILOGUES, ROPE_EPILOGUES, gemv_rows_width, input_roles, output_roles
@@ -250,20 +252,51 @@ def _check_quant_buffer(b: ir.Buffer, prog: ir.Program, nb: int, rep: Report) ->
                     f"is {c.kind.name} {c.dtype.name} {c.shape}.", buffers=[b.id, cid])
 
 
-def check_tasks(prog: ir.Program, rep: Report) -> list[bool]:
-    """Checks every task locally; returns per task whether its references resolve (later
-    stages skip the others, which are already rejected)."""
+class OperandTable:
+    """Every operand of every task as flat int64 columns (one row per operand), built in the
+    one pass over the tasks that the validator makes; the race analysis and the program
+    digest reuse it. `sane[t]` says whether task t's references resolve."""
+
+    COLUMNS = ("task", "slot", "write", "buf", "off", "len", "count", "stride", "kv", "rule")
+
+    def __init__(self, rows: list[tuple], sane: list[bool], rules: list[Rule], params: list[tuple],
+                 task_rows: list[tuple], wait_rows: list[tuple]):
+        self.sane = np.array(sane, dtype=bool)
+        self.rules = rules
+        self.params = params  # the distinct (op, params values) of the program
+        self.task_rows = np.array(task_rows, dtype=np.int64).reshape(-1, 5)  # id, params index, out_counter, #in, #out
+        self.wait_rows = np.array(wait_rows, dtype=np.int64).reshape(-1, 3)  # task, counter, threshold
+        self.ok = None  # per row: passed its rule (set by _check_operands)
+        try:
+            a = np.array(rows, dtype=np.int64).reshape(-1, len(self.COLUMNS))
+        except OverflowError:  # absurd integers from hand-written JSON: clamp; the bounds check reports them
+            a = np.array([[max(-1, min(int(v), 1 << 40)) for v in r] for r in rows], dtype=np.int64).reshape(-1, len(self.COLUMNS))
+        for i, name in enumerate(self.COLUMNS):
+            setattr(self, name, a[:, i])
+        self.array = a
+
+
+def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
+    """Checks every task locally: references, caps, arity, typed params, and every operand
+    against its role's rule (vectorised; failures are explained one by one)."""
     bufs = prog.buffers
     nb, nc = len(bufs), len(prog.counters)
-    kinds = [int(b.kind) for b in bufs]  # plain ints: IntEnum hashing is slow in the hot loop
-    dtypes = [int(b.dtype) for b in bufs]
-    extent = [(b.shape[-1] if b.kind == K.KV_CACHE and b.shape else b.numel) for b in bufs]
     cache: dict = {}
+    rule_ids: dict[Rule, int] = {}
+    rules: list[Rule] = []
+    rows: list[tuple] = []
     sane_tasks = []
+    params_ids: dict[tuple, int] = {}
+    task_rows: list[tuple] = []
+    wait_rows: list[tuple] = []
     for task in prog.tasks:
         tid = task.id
         p = task.params
         ins_ops, outs_ops = task.inputs, task.outputs
+        pkey = tuple(p.__dict__.values())
+        task_rows.append((tid, params_ids.setdefault(pkey, len(params_ids)), task.out_counter, len(ins_ops), len(outs_ops)))
+        for w in task.waits:
+            wait_rows.append((tid, w.counter, w.threshold))
         sane = 0 <= task.out_counter < nc
         if not sane:
             rep.add("reference", f"task {tid} signals counter {task.out_counter}, which does not exist.", tasks=[tid])
@@ -283,15 +316,17 @@ def check_tasks(prog: ir.Program, rep: Report) -> list[bool]:
             continue
         op = p.op
         w_buf = bufs[ins_ops[0].buf] if op == Op.GEMV and ins_ops else None
-        key = (op, tuple(p.__dict__.values()), w_buf.dtype if w_buf is not None else None, w_buf.group if w_buf is not None else None)
+        key = (op, pkey, w_buf.dtype if w_buf is not None else None, w_buf.group if w_buf is not None else None)
         entry = cache.get(key)
         if entry is None:
             try:
                 roles = (input_roles(p, w_buf.dtype if w_buf is not None else D.F32), output_roles(p))
-                entry = cache[key] = (roles, operand_rules(p, w_buf))
+                ins, outs, problems = operand_rules(p, w_buf)
+                ids = ([rule_ids.setdefault(r, len(rule_ids)) for r in ins], [rule_ids.setdefault(r, len(rule_ids)) for r in outs])
+                entry = cache[key] = (roles, ids, problems)
             except Exception:  # params that opspec cannot interpret
-                entry = cache[key] = (None, None)
-        (roles, rules) = entry
+                entry = cache[key] = (None, None, None)
+        roles, ids, problems = entry
         if roles is None:
             rep.add("params", f"task {tid} has params its op cannot interpret.", tasks=[tid])
             sane_tasks.append(False)
@@ -302,23 +337,52 @@ def check_tasks(prog: ir.Program, rep: Report) -> list[bool]:
                     f"its params require {want_in} and {want_out}.", tasks=[tid])
             sane_tasks.append(False)
             continue
-        in_rules, out_rules, problems = rules
         for why in problems:
             rep.add("params", f"task {tid} ({op.name}): {why}.", tasks=[tid])
-        for group, ops, rls, write in ((want_in, ins_ops, in_rules, False), (want_out, outs_ops, out_rules, True)):
-            for o, rule, role in zip(ops, rls, group):
-                b = o.buf
-                ln, cnt = o.len, o.count
-                # fast path: everything as the rule says and in bounds
-                if (kinds[b] in rule.kinds and dtypes[b] in rule.dtypes and o.kv == rule.kv and o.off >= 0 and ln >= 1
-                        and cnt >= 1 and (rule.length is None or rule.length == ln) and (rule.count is None or rule.count == cnt)
-                        and (rule.off is None or rule.off == o.off) and (cnt == 1 or (rule.stride is None or rule.stride == o.stride) and o.stride >= ln)
-                        and o.off + (cnt - 1) * o.stride + ln <= extent[b] and (cnt == 1 or o.kv == KvMode.NONE)):
-                    continue
-                _explain_operand(prog, task, role, o, rule, rep, write)
+        for slot, (o, r) in enumerate(zip(ins_ops, ids[0])):
+            rows.append((tid, slot, 0, o.buf, o.off, o.len, o.count, o.stride, o.kv, r))
+        for slot, (o, r) in enumerate(zip(outs_ops, ids[1])):
+            rows.append((tid, slot, 1, o.buf, o.off, o.len, o.count, o.stride, o.kv, r))
         _check_consistency(prog, task, want_in, w_buf, rep)
         sane_tasks.append(True)
-    return sane_tasks
+    rules = sorted(rule_ids, key=rule_ids.get)
+    table = OperandTable(rows, sane_tasks, rules, sorted(params_ids, key=params_ids.get), task_rows, wait_rows)
+    _check_operands(prog, table, rep)
+    return table
+
+
+def _check_operands(prog: ir.Program, t: OperandTable, rep: Report) -> None:
+    """Every operand against its rule at once; the failing ones are explained in Python."""
+    t.ok = np.ones(len(t.task), dtype=bool)
+    if len(t.task) == 0:
+        return
+    bufs = prog.buffers
+    kind = np.array([int(b.kind) for b in bufs], dtype=np.int64)[t.buf]
+    dtype = np.array([int(b.dtype) for b in bufs], dtype=np.int64)[t.buf]
+    extent = np.array([(b.shape[-1] if b.kind == K.KV_CACHE and b.shape else b.numel) for b in bufs], dtype=np.float64)[t.buf]
+    R = t.rules
+
+    def col(values):
+        return np.array(values, dtype=np.int64)[t.rule]
+
+    kind_mask = col([sum(1 << int(k) for k in r.kinds) for r in R])
+    dtype_mask = col([sum(1 << int(d) for d in r.dtypes) for r in R])
+    want = {name: col([-1 if getattr(r, name) is None else getattr(r, name) for r in R]) for name in ("length", "count", "stride", "off")}
+    single = t.count == 1
+    end = t.off.astype(np.float64) + (t.count - 1).astype(np.float64) * t.stride.astype(np.float64) + t.len  # float: no overflow
+    ok = (((kind_mask >> kind) & 1) == 1) & (((dtype_mask >> dtype) & 1) == 1) & (t.kv == col([int(r.kv) for r in R]))
+    ok &= (t.off >= 0) & (t.len >= 1) & (t.count >= 1) & (t.stride >= 0) & (end <= extent)
+    ok &= ((want["length"] < 0) | (want["length"] == t.len)) & ((want["count"] < 0) | (want["count"] == t.count))
+    ok &= ((want["off"] < 0) | (want["off"] == t.off))
+    ok &= single | (((want["stride"] < 0) | (want["stride"] == t.stride)) & (t.stride >= t.len) & (t.kv == 0))
+    t.ok = ok
+    for i in np.flatnonzero(~ok):
+        task = prog.tasks[int(t.task[i])]
+        write = bool(t.write[i])
+        o = (task.outputs if write else task.inputs)[int(t.slot[i])]
+        w_buf = bufs[task.inputs[0].buf] if task.op == Op.GEMV else None
+        roles = (output_roles(task.params) if write else input_roles(task.params, w_buf.dtype if w_buf is not None else D.F32))
+        _explain_operand(prog, task, roles[int(t.slot[i])], o, R[int(t.rule[i])], rep, write)
 
 
 def _explain_operand(prog, task, role, o: ir.Operand, rule: Rule, rep: Report, write: bool) -> None:

@@ -32,23 +32,18 @@ SKIP_KINDS = frozenset({K.WEIGHT, K.CONST, K.IO_INPUT})  # read-only within a st
 class Accesses:
     """Flat arrays of every mutable-buffer access interval: task, buffer, [lo, hi), write."""
 
-    def __init__(self, prog: ir.Program, sane: list[bool]):
+    def __init__(self, prog: ir.Program, table):
         bufs = prog.buffers
         size = np.array([_extent(b) for b in bufs], dtype=np.int64)
         self.base = np.concatenate([[0], np.cumsum(size)[:-1]]) if len(bufs) else np.zeros(0, np.int64)
         self.size = size
-        rows = []  # (task, buf, off, len, count, stride, write)
-        for task, ok in zip(prog.tasks, sane):
-            if not ok:
-                continue  # unresolvable task, already reported
-            for ops, write in ((task.inputs, 0), (task.outputs, 1)):
-                for o in ops:
-                    if bufs[o.buf].kind in SKIP_KINDS:
-                        continue
-                    rows.append((task.id, o.buf, o.off, o.len, o.count if o.kv == KvMode.NONE else 1, o.stride, write))
-        a = np.array(rows, dtype=np.int64).reshape(-1, 7)
-        task, buf, off, ln, count, stride, write = a.T
-        rep = np.repeat(np.arange(len(a)), count)  # one interval per repetition
+        skip = np.array([b.kind in SKIP_KINDS for b in bufs], dtype=bool)
+        t = table
+        sel = np.flatnonzero(~skip[t.buf] & t.sane[t.task] & t.ok) if len(t.task) else np.zeros(0, np.int64)
+        task, buf, off, ln, write = t.task[sel], t.buf[sel], t.off[sel], t.len[sel], t.write[sel]
+        count = np.where(t.kv[sel] == int(KvMode.NONE), np.clip(t.count[sel], 1, None), 1)
+        stride = t.stride[sel]
+        rep = np.repeat(np.arange(len(sel)), count)  # one interval per repetition
         first = np.repeat(np.cumsum(count) - count, count)
         c = np.arange(len(rep)) - first
         lo = off[rep] + c * stride[rep]
