@@ -76,6 +76,7 @@ def _run_checks(prog: ir.Program, rep: Report):
         return 0, table  # happens-before is undefined on a cyclic graph; the cycle is the verdict
     if (order.queue_of < 0).any():
         return 0, table  # a task that never runs has no place in happens-before
+    order.compute_clocks()
     return check_races(prog, order, acc, rep), table
 
 

@@ -36,18 +36,21 @@ class Order:
         self.pos_in_queue = np.full(nt, -1, dtype=np.int64)
         self.topo: Optional[list[int]] = None  # a linear extension of happens-before (tasks only)
         self.clock: Optional[np.ndarray] = None
-        self.full_join: list[bool] = [True] * nc
-        self._check_waits(rep)
-        self._check_queues(rep)
+        self.full_join = np.ones(nc, dtype=bool)  # False: some wait takes only part of its producers
+        self.level: Optional[np.ndarray] = None
+        self.waits = self._check_waits(rep)  # [n, 3]: task, counter, threshold (resolvable counters)
+        self.queue_pairs = self._check_queues(rep)  # (a, b): b directly follows a in a queue
 
     # ------------------------------------------------------------------ local rules
-    def _check_waits(self, rep: Report) -> None:
+    def _check_waits(self, rep: Report) -> np.ndarray:
+        rows = []
         for t in self.prog.tasks:
             seen = set()
             for w in t.waits:
                 c = w.counter
                 if not (0 <= c < self.nc):
                     continue
+                rows.append((t.id, c, w.threshold))
                 n = len(self.producers[c])
                 if c in seen:
                     rep.add("params", f"task {t.id} waits on counter {c} twice.", tasks=[t.id], counters=[c])
@@ -65,10 +68,13 @@ class Order:
                     rep.add("partial-wait", f"task {t.id} waits for {w.threshold} of the {n} producers of counter {c}; "
                             f"which ones finished is unknown, so their writes are unordered with its reads.",
                             tasks=[t.id], counters=[c])
+        return np.array(rows, dtype=np.int64).reshape(-1, 3)
 
-    def _check_queues(self, rep: Report) -> None:
+    def _check_queues(self, rep: Report) -> tuple[np.ndarray, np.ndarray]:
         nt = self.nt
+        pairs = []
         for qi, queue in enumerate(self.prog.queues):
+            pairs += [(a, b) for a, b in zip(queue, queue[1:]) if 0 <= a < nt and 0 <= b < nt]
             for pos, tid in enumerate(queue):
                 if not (0 <= tid < nt):
                     rep.add("queue-coverage", f"queue {qi} lists task {tid}, which does not exist.")
@@ -81,42 +87,44 @@ class Order:
         if len(missing):
             rep.add("queue-coverage", f"{len(missing)} task(s) sit in no queue and would never run (first: {missing[:5].tolist()}).",
                     tasks=missing[:25].tolist())
+        arr = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
 
     # ------------------------------------------------------------------ graphs
-    def _adjacency(self, with_queues: bool) -> list[list[int]]:
-        """Successors of every node: tasks are 0..nt-1, counters nt..nt+nc-1."""
-        nt = self.nt
-        succ: list[list[int]] = [[] for _ in range(nt + self.nc)]
-        for c, prods in enumerate(self.producers):
-            for p in prods:
-                succ[p].append(nt + c)
-        for t in self.prog.tasks:
-            for w in t.waits:
-                if 0 <= w.counter < self.nc:
-                    succ[nt + w.counter].append(t.id)
+    def _edges(self, with_queues: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of every edge: tasks are nodes 0..nt-1, counters nt..nt+nc-1."""
+        nt, nc = self.nt, self.nc
+        out = np.array([t.out_counter for t in self.prog.tasks], dtype=np.int64)
+        ok = (out >= 0) & (out < nc)
+        src, dst = [np.flatnonzero(ok)], [nt + out[ok]]
+        w = self.waits
+        src.append(nt + w[:, 1])
+        dst.append(w[:, 0])
         if with_queues:
-            for queue in self.prog.queues:
-                for a, b in zip(queue, queue[1:]):
-                    if 0 <= a < nt and 0 <= b < nt:
-                        succ[a].append(b)
-        return succ
+            a, b = self.queue_pairs
+            src.append(a)
+            dst.append(b)
+        return np.concatenate(src), np.concatenate(dst)
 
     def check_acyclic(self, rep: Report) -> bool:
         """Data + queue order must be acyclic; on failure the witness is classified by whether
         the data graph alone already has the cycle."""
-        union = self._adjacency(with_queues=True)
-        order = _kahn(union)
-        if order is not None:
-            self._compute_clocks(order)
+        n = self.nt + self.nc
+        level = _levels(n, *self._edges(with_queues=True))
+        if level is not None:
+            self.level = level
             return True
-        data = self._adjacency(with_queues=False)
-        if _kahn(data) is None:
-            check, why, graph = "dataflow-cycle", "producers and consumers form a cycle: each task on it waits for the next.", data
+        data = self._edges(with_queues=False)
+        if _levels(n, *data) is None:
+            check, why, edges = "dataflow-cycle", "producers and consumers form a cycle: each task on it waits for the next.", data
         else:
-            check, why, graph = ("queue-order-deadlock", "a wait can only be satisfied by a task queued behind a blocked task "
-                                 "on another SM.", union)
-        cycle = _find_cycle(graph)
-        rep.add(check, why, tasks=[n for n in cycle if n < self.nt], counters=[n - self.nt for n in cycle if n >= self.nt],
+            check, why, edges = ("queue-order-deadlock", "a wait can only be satisfied by a task queued behind a blocked task "
+                                 "on another SM.", self._edges(with_queues=True))
+        succ: list[list[int]] = [[] for _ in range(n)]
+        for a, b in zip(*(e.tolist() for e in edges)):
+            succ[a].append(b)
+        cycle = _find_cycle(succ)
+        rep.add(check, why, tasks=[x for x in cycle if x < self.nt], counters=[x - self.nt for x in cycle if x >= self.nt],
                 cycle=self._describe(cycle))
         return False
 
@@ -131,35 +139,51 @@ class Order:
                 out.append(f"counter {n - nt}")
         return out
 
-    def _compute_clocks(self, order: list[int]) -> None:
-        nt, nq = self.nt, max(len(self.prog.queues), 1)
-        clock = np.full((nt, nq), -1, dtype=np.int32)
-        cclock = np.full((self.nc, nq), -1, dtype=np.int32)
-        qprev = np.full(nt, -1, dtype=np.int64)
-        for queue in self.prog.queues:
-            for a, b in zip(queue, queue[1:]):
-                qprev[b] = a
-        tasks = self.prog.tasks
-        topo = []
-        for n in order:
-            if n >= nt:
-                c = n - nt
-                prods = self.producers[c]
-                if prods and self.full_join[c]:
-                    cclock[c] = clock[prods].max(axis=0)
-                continue
-            topo.append(n)
-            row = clock[n]
-            p = qprev[n]
-            if p >= 0:
-                np.maximum(row, clock[p], out=row)
-            for w in tasks[n].waits:
-                if 0 <= w.counter < self.nc:
-                    np.maximum(row, cclock[w.counter], out=row)
-            row[self.queue_of[n]] = self.pos_in_queue[n]
-        self.topo = topo
-        self.clock = clock
-        self._flat_clock = clock.reshape(-1)
+    def compute_clocks(self) -> None:
+        """Vector clocks, one level of the (acyclic) union graph at a time. Needs every task
+        placed in a queue and `check_acyclic` passed."""
+        nt, nc, nq = self.nt, self.nc, max(len(self.prog.queues), 1)
+        clock = np.full((nt + 1, nq), -1, dtype=np.int32)  # row nt: 'no predecessor'
+        cclock = np.full((nc + 1, nq), -1, dtype=np.int32)  # row nc: 'no counter'
+        qprev = np.full(nt, nt, dtype=np.int64)
+        a, b = self.queue_pairs
+        qprev[b] = a
+        w = self.waits
+        nwait = np.bincount(w[:, 0], minlength=nt) if len(w) else np.zeros(nt, np.int64)
+        width = int(nwait.max()) if nt else 0
+        wait_mat = np.full((nt, max(width, 1)), nc, dtype=np.int64)
+        if len(w):
+            srt = np.argsort(w[:, 0], kind="stable")
+            wt, wc = w[srt, 0], w[srt, 1]
+            col = np.arange(len(wt)) - np.repeat(np.cumsum(nwait) - nwait, nwait)
+            wait_mat[wt, col] = np.where(self.full_join[wc], wc, nc)  # a partial wait orders nothing
+        out = np.array([t.out_counter for t in self.prog.tasks], dtype=np.int64)
+        prod = np.argsort(out, kind="stable")
+        prod_ptr = np.searchsorted(out[prod], np.arange(nc + 1))
+        level = self.level
+        t_level, c_level = level[:nt], level[nt:]
+        t_order = np.argsort(t_level, kind="stable")
+        c_order = np.argsort(c_level, kind="stable")
+        t_ptr = np.searchsorted(t_level[t_order], np.arange(level.max() + 2))
+        c_ptr = np.searchsorted(c_level[c_order], np.arange(level.max() + 2))
+        for lv in range(int(level.max()) + 1):
+            cs = c_order[c_ptr[lv]:c_ptr[lv + 1]]
+            if len(cs):
+                cnt = prod_ptr[cs + 1] - prod_ptr[cs]
+                cs, cnt = cs[cnt > 0], cnt[cnt > 0]
+                if len(cs):
+                    idx = np.repeat(prod_ptr[cs] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
+                    cclock[cs] = np.maximum.reduceat(clock[prod[idx]], np.cumsum(cnt) - cnt, axis=0)
+            ts = t_order[t_ptr[lv]:t_ptr[lv + 1]]
+            if len(ts):
+                acc = clock[qprev[ts]]
+                for j in range(wait_mat.shape[1]):
+                    np.maximum(acc, cclock[wait_mat[ts, j]], out=acc)
+                acc[np.arange(len(ts)), self.queue_of[ts]] = self.pos_in_queue[ts]
+                clock[ts] = acc
+        self.topo = t_order.tolist()
+        self.clock = clock[:nt]
+        self._flat_clock = self.clock.reshape(-1)
 
     def happens_before(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Elementwise: did task a[i] finish before task b[i] started?"""
@@ -167,21 +191,26 @@ class Order:
         return self._flat_clock[b * nq + self.queue_of[a]] >= self.pos_in_queue[a]
 
 
-def _kahn(succ: list[list[int]]) -> Optional[list[int]]:
-    indeg = [0] * len(succ)
-    for outs in succ:
-        for m in outs:
-            indeg[m] += 1
-    ready = [n for n, d in enumerate(indeg) if d == 0]
-    order = []
-    while ready:
-        n = ready.pop()
-        order.append(n)
-        for m in succ[n]:
-            indeg[m] -= 1
-            if indeg[m] == 0:
-                ready.append(m)
-    return order if len(order) == len(succ) else None
+def _levels(n: int, src: np.ndarray, dst: np.ndarray) -> Optional[np.ndarray]:
+    """Longest-path level of every node (Kahn's algorithm, one frontier at a time), or None
+    if the graph has a cycle."""
+    order = np.argsort(src, kind="stable")
+    s_dst = dst[order]
+    ptr = np.searchsorted(src[order], np.arange(n + 1))
+    indeg = np.bincount(dst, minlength=n)
+    level = np.full(n, -1, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    lv, done = 0, 0
+    while len(frontier):
+        level[frontier] = lv
+        done += len(frontier)
+        cnt = ptr[frontier + 1] - ptr[frontier]
+        targets = s_dst[np.repeat(ptr[frontier] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())]
+        indeg -= np.bincount(targets, minlength=n)
+        cand = np.unique(targets)
+        frontier = cand[indeg[cand] == 0]
+        lv += 1
+    return level if done == n else None
 
 
 def _find_cycle(succ: list[list[int]]) -> list[int]:
