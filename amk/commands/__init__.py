@@ -6,9 +6,10 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    from amk.commands import compile_cmd, generate_cmd, schema_cmd, validate_cmd
+    from amk.commands import compile_cmd, fuzz_cmd, generate_cmd, schema_cmd, validate_cmd
 
     app.command("compile")(compile_cmd.compile_command)
     app.command("generate")(generate_cmd.generate_command)
     app.command("validate")(validate_cmd.validate_command)
     app.command("schema")(schema_cmd.schema_command)
+    app.command("fuzz")(fuzz_cmd.fuzz_command)

@@ -346,9 +346,42 @@ def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
         _check_consistency(prog, task, want_in, w_buf, rep)
         sane_tasks.append(True)
     rules = sorted(rule_ids, key=rule_ids.get)
+    _check_aliasing(prog, rows, rep)
     table = OperandTable(rows, sane_tasks, rules, sorted(params_ids, key=params_ids.get), task_rows, wait_rows)
     _check_operands(prog, table, rep)
     return table
+
+
+# roles whose elements a kernel reads and writes by the same thread: exact in-place is safe
+ELEMENTWISE_ROLES = frozenset({"residual", "a", "b", "gate", "up"})
+
+
+def _check_aliasing(prog: ir.Program, rows: list[tuple], rep: Report) -> None:
+    """A task whose output overlaps one of its own inputs races with itself (threads of one
+    block write what others still read), except an elementwise operand updated exactly in
+    place (y = residual + acc)."""
+    reads: dict[tuple[int, int], list[tuple]] = {}
+    for r in rows:
+        if not r[2]:
+            reads.setdefault((r[0], r[3]), []).append(r)
+    for r in rows:
+        if not r[2] or (r[0], r[3]) not in reads:
+            continue
+        task = prog.tasks[r[0]]
+        w_buf = prog.buffers[task.inputs[0].buf] if task.op == Op.GEMV else None
+        roles = input_roles(task.params, w_buf.dtype if w_buf is not None else D.F32)
+        for q in reads[(r[0], r[3])]:
+            same = q[4:9] == r[4:9]
+            if same and roles[q[1]] in ELEMENTWISE_ROLES:
+                continue
+            lo_a, hi_a = r[4], r[4] + (r[6] - 1) * r[7] + r[5]
+            lo_b, hi_b = q[4], q[4] + (q[6] - 1) * q[7] + q[5]
+            if r[8] != q[8] and KvMode.NONE in (r[8], q[8]):
+                continue
+            if lo_a < hi_b and lo_b < hi_a:
+                rep.add("self-alias", f"task {task.id} ({task.op.name}) writes buffer {r[3]} ({prog.buffers[r[3]].name}) "
+                        f"over its own {roles[q[1]]} input; its threads would race with each other.",
+                        tasks=[task.id], buffers=[r[3]])
 
 
 def _check_operands(prog: ir.Program, t: OperandTable, rep: Report) -> None:

@@ -28,6 +28,7 @@ CHECK_GROUPS: dict[str, str] = {
     "tile-overlap": "race-free",
     "tile-gap": "race-free",
     "uninitialized-read": "race-free",
+    "self-alias": "race-free",
     "out-of-bounds": "memory-safe",
     "kv-range": "memory-safe",
     "quant-shape": "memory-safe",
