@@ -1,0 +1,122 @@
+// Shared helpers of the op device functions: the task context, element loads/stores by
+// dtype (Numerics of ir.py: read -> fp32, compute fp32, round on store), operand
+// addressing (Regions of ir.py) and error reporting.
+#pragma once
+
+#include "portability.h"
+
+// What every op function receives. `t` and `smem` are in shared memory.
+struct AmkCtx {
+  const AmkTask* t;
+  const AmkBuffer* bufs;
+  float* smem;     // dynamic shared memory
+  int smem_words;  // its size in 4-byte words
+  int* status;     // device status block (AmkStatusIndex)
+  int queue;
+};
+
+// Report an error (first one wins) from any thread; the host raises it after the step.
+AMK_DEVICE void amk_report(const AmkCtx& c, int code, long long d1 = 0, long long d2 = 0, long long d3 = 0) {
+  if (atomicCAS(&c.status[AMK_ST_CODE], 0, code) == 0) {
+    c.status[AMK_ST_TASK] = c.t->id;
+    c.status[AMK_ST_BLOCK] = c.queue;
+    c.status[AMK_ST_DETAIL] = (int)d1;
+    c.status[AMK_ST_DETAIL2] = (int)d2;
+    c.status[AMK_ST_DETAIL3] = (int)d3;
+  }
+}
+
+AMK_DEVICE const AmkOperand& amk_in(const AmkCtx& c, int role) { return c.t->in[c.t->role[role]]; }
+AMK_DEVICE bool amk_has(const AmkCtx& c, int role) { return c.t->role[role] >= 0; }
+AMK_DEVICE const AmkBuffer& amk_buf(const AmkCtx& c, const AmkOperand& o) { return c.bufs[o.buf]; }
+
+// Shared-memory carve: returns nullptr (and reports) when the launch gave too little.
+AMK_DEVICE float* amk_smem(const AmkCtx& c, long long words) {
+  if (words > c.smem_words) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SMEM, words * 4, (long long)c.smem_words * 4);
+    return nullptr;
+  }
+  return c.smem;
+}
+
+// ---------------------------------------------------------------- element access
+AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
+  const char* p = (const char*)b.ptr;
+  switch (b.dtype) {
+    case AMK_DTYPE_F32: return ((const float*)p)[i];
+    case AMK_DTYPE_F16: return amk_f16_to_f32(((const unsigned short*)p)[i]);
+    case AMK_DTYPE_BF16: return amk_bf16_to_f32(((const unsigned short*)p)[i]);
+    case AMK_DTYPE_I32: return (float)((const int*)p)[i];
+    case AMK_DTYPE_I8: return (float)((const signed char*)p)[i];
+    case AMK_DTYPE_U4: {
+      const unsigned char byte = ((const unsigned char*)p)[i >> 1];
+      return (float)((i & 1) ? (byte >> 4) : (byte & 15));
+    }
+    default: return amk_nan();
+  }
+}
+
+AMK_DEVICE void amk_store(const AmkBuffer& b, amk_i64 i, float v) {
+  char* p = (char*)b.ptr;
+  switch (b.dtype) {
+    case AMK_DTYPE_F32: ((float*)p)[i] = v; break;
+    case AMK_DTYPE_F16: ((unsigned short*)p)[i] = amk_f32_to_f16(v); break;
+    case AMK_DTYPE_BF16: ((unsigned short*)p)[i] = amk_f32_to_bf16(v); break;
+    default: break;  // integer outputs go through amk_store_int; loaders reject the rest
+  }
+}
+
+AMK_DEVICE int amk_load_int(const AmkBuffer& b, amk_i64 i) {
+  if (b.dtype == AMK_DTYPE_I32) return ((const int*)b.ptr)[i];
+  return (int)amk_load(b, i);
+}
+
+AMK_DEVICE void amk_store_int(const AmkBuffer& b, amk_i64 i, int v) {
+  if (b.dtype == AMK_DTYPE_I32) ((int*)b.ptr)[i] = v;
+  else amk_store(b, i, (float)v);
+}
+
+// ---------------------------------------------------------------- addressing
+// Element i of a flat operand (the union of its count runs, in order).
+AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
+  if (o.count <= 1) return o.off + i;
+  const amk_i64 run = i / o.len;
+  return o.off + run * o.stride + (i - run * o.len);
+}
+
+// Element i of a KV operand at cache row `row`.
+AMK_DEVICE amk_i64 amk_kv(const AmkOperand& o, const AmkBuffer& b, amk_i64 row, amk_i64 i) {
+  return row * b.width + o.off + i;
+}
+
+// Element i of an output operand: flat, or row `pos` of a KV cache (kv == APPEND).
+AMK_DEVICE amk_i64 amk_out_index(const AmkOperand& o, const AmkBuffer& b, int pos, amk_i64 i) {
+  return o.kv == AMK_KVMODE_APPEND ? amk_kv(o, b, pos, i) : amk_flat(o, i);
+}
+
+AMK_DEVICE float amk_in_at(const AmkCtx& c, const AmkOperand& o, amk_i64 i) {
+  return amk_load(amk_buf(c, o), amk_flat(o, i));
+}
+
+// The runtime position from a `pos` operand, checked against every KV operand of the task
+// by the caller (amk_check_pos). Read by all threads; returns the same value everywhere.
+AMK_DEVICE int amk_read_pos(const AmkCtx& c, const AmkOperand& o) {
+  return amk_load_int(amk_buf(c, o), amk_flat(o, 0));
+}
+
+// True when `pos` indexes a row of every KV operand of the task; reports otherwise.
+AMK_DEVICE bool amk_check_pos(const AmkCtx& c, int pos) {
+  bool ok = pos >= 0;
+  for (int s = 0; s < c.t->n_in && ok; ++s)
+    if (c.t->in[s].kv != AMK_KVMODE_NONE) ok = pos < c.bufs[c.t->in[s].buf].rows;
+  for (int s = 0; s < c.t->n_out && ok; ++s)
+    if (c.t->out[s].kv != AMK_KVMODE_NONE) ok = pos < c.bufs[c.t->out[s].buf].rows;
+  if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_POS_RANGE, pos);
+  return ok;
+}
+
+AMK_DEVICE int amk_lane() { return threadIdx.x % AMK_WARP_SIZE; }
+AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
+AMK_DEVICE int amk_nwarps() { return blockDim.x / AMK_WARP_SIZE; }
+
+AMK_DEVICE float amk_silu(float x) { return amk_div(x, amk_add(1.0f, amk_exp(-x))); }

@@ -1,0 +1,69 @@
+// The GEMV / split-K REDUCE epilogue: what happens to each finished row value
+// a = acc (+ bias)  (ir.GemvParams, "Order of the epilogue").
+//   STORE y = a;  ADD y = residual + a;  SILU_MUL y = silu(a_gate) * a_up;
+//   ROPE / ROPE_APPEND: per head optional head RMSNorm, then rotate-half RoPE;
+//   APPEND: cache row[pos] = a.
+#pragma once
+#include "common.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+
+// acc: rows*m fp32 accumulators in shared memory (element (r, j) at r*m + j, j=0 gate or
+// plain, j=1 up), written by this block and complete (a barrier precedes the call).
+// All threads call it. May rewrite acc in place (bias add, head norm).
+AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
+  const AmkTask& t = *c.t;
+  const int ep = t.ip[AMK_P_EPILOGUE];
+  const AmkOperand& y = t.out[0];
+  const AmkBuffer& yb = amk_buf(c, y);
+  const bool rope = ep == AMK_EPILOGUE_ROPE || ep == AMK_EPILOGUE_ROPE_APPEND;
+  int pos = 0;
+  if (rope || ep == AMK_EPILOGUE_APPEND) {
+    pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
+    if (!amk_check_pos(c, pos)) return;
+  }
+  const bool has_bias = t.ip[AMK_P_HAS_BIAS] != 0;
+  const AmkOperand* bias = has_bias ? &amk_in(c, AMK_ROLE_BIAS) : nullptr;
+  switch (ep) {
+    case AMK_EPILOGUE_STORE:
+    case AMK_EPILOGUE_ADD:
+    case AMK_EPILOGUE_APPEND: {
+      const AmkOperand* res = ep == AMK_EPILOGUE_ADD ? &amk_in(c, AMK_ROLE_RESIDUAL) : nullptr;
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        float a = acc[r];
+        if (bias) a = amk_add(a, amk_in_at(c, *bias, r));
+        if (res) a = amk_add(amk_in_at(c, *res, r), a);  // read before the (in-place) store
+        amk_store(yb, amk_out_index(y, yb, pos, r), a);
+      }
+      break;
+    }
+    case AMK_EPILOGUE_SILU_MUL:
+      for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        amk_store(yb, amk_flat(y, r), amk_mul(amk_silu(acc[2 * r]), acc[2 * r + 1]));
+      break;
+    case AMK_EPILOGUE_ROPE:
+    case AMK_EPILOGUE_ROPE_APPEND: {
+      const int hd = t.ip[AMK_P_HEAD_DIM];
+      const int heads = hd > 0 ? rows / hd : 0;
+      if (heads * hd != rows || (hd & 1)) {
+        if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, rows, hd);
+        return;
+      }
+      const bool head_norm = t.ip[AMK_P_HAS_HEAD_NORM] != 0;
+      for (int h = amk_warp(); h < heads; h += amk_nwarps()) {
+        float* head = acc + h * hd;
+        if (bias)
+          for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) head[i] = amk_add(head[i], amk_in_at(c, *bias, (amk_i64)h * hd + i));
+        amk_syncwarp();
+        if (head_norm) amk_warp_head_norm(c, head, hd, amk_in(c, AMK_ROLE_HEAD_GAMMA), t.fp[AMK_F_HEAD_NORM_EPS]);
+        amk_warp_rope(c, head, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), y, (amk_i64)h * hd);
+      }
+      break;
+    }
+    default:
+      if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, ep);
+  }
+}
+
+// Values per output row: 2 for the fused gate/up pair (opspec.gemv_rows_width).
+AMK_DEVICE int amk_row_width(const AmkTask& t) { return t.ip[AMK_P_EPILOGUE] == AMK_EPILOGUE_SILU_MUL ? 2 : 1; }

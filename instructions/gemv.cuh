@@ -1,0 +1,279 @@
+// GEMV: a slab of rows of y = W x, with the RMSNorm prologue, quantized weights, split-K
+// partials and the fused epilogues  (ir.GemvParams).
+//
+// Layout of the work: x (normalised when the prologue is on) is staged once into shared
+// memory as fp32; each warp owns rows r = warp, warp + nwarps, ... and streams its row with
+// 16-byte loads, several of them in flight per lane (AMK_GEMV_UNROLL[_Q]), accumulating in fp32; one warp
+// reduction per row lands in the shared accumulator array, which the epilogue finishes.
+// The weight slab is immutable, so the scheduler prefetches it into L2 before the task's
+// waits; coarse slabs (many rows per task) keep many bytes in flight per SM.
+//
+// Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32]
+#pragma once
+#include "epilogue.cuh"
+#include "rmsnorm.cuh"
+
+// 16-byte loads in flight per lane (per matrix): float formats, quantized formats (whose
+// vectors carry 16 or 32 weights and so need more registers to unpack).
+#ifndef AMK_GEMV_UNROLL
+#define AMK_GEMV_UNROLL 4
+#endif
+#ifndef AMK_GEMV_UNROLL_Q
+#define AMK_GEMV_UNROLL_Q 2
+#endif
+
+AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
+
+AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
+  const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
+  return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE;
+}
+
+// One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
+struct AmkGemvW {
+  const AmkBuffer* wb;
+  amk_i64 off, stride;  // elements: row r starts at off + r * stride
+  const AmkBuffer* sb;  // scale tile (I8, U4) or nullptr
+  amk_i64 soff, sstride;
+  const AmkBuffer* zb;  // zero tile (U4) or nullptr
+  amk_i64 zoff, zstride;
+  int group, g0, k_lo;  // scale column of slice column c: (k_lo + c) / group - g0
+};
+
+AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role_z) {
+  AmkGemvW w;
+  const AmkOperand& o = amk_in(c, role_w);
+  w.wb = &amk_buf(c, o);
+  w.off = o.off;
+  w.stride = o.stride;
+  w.sb = w.zb = nullptr;
+  w.soff = w.sstride = w.zoff = w.zstride = 0;
+  w.group = w.wb->group > 0 ? w.wb->group : 1;
+  w.k_lo = c.t->ip[AMK_P_K_LO];
+  w.g0 = w.k_lo / w.group;
+  if (amk_has(c, role_s)) {
+    const AmkOperand& s = amk_in(c, role_s);
+    w.sb = &amk_buf(c, s), w.soff = s.off, w.sstride = s.stride;
+  }
+  if (amk_has(c, role_z)) {
+    const AmkOperand& z = amk_in(c, role_z);
+    w.zb = &amk_buf(c, z), w.zoff = z.off, w.zstride = z.stride;
+  }
+  return w;
+}
+
+// Quantized weights come with their companions: I8 a scale, U4 a scale and a zero.
+AMK_DEVICE bool amk_gemv_w_ok(const AmkGemvW& w) {
+  const int dt = w.wb->dtype;
+  return (dt == AMK_DTYPE_I8 || dt == AMK_DTYPE_U4) == (w.sb != nullptr) && (dt == AMK_DTYPE_U4) == (w.zb != nullptr);
+}
+
+// Dequantize a code with the scale (and zero) of its group: I8 w = q*s; U4 w = q*s + z.
+template <bool Q, bool Z>
+AMK_DEVICE float amk_dequant_q(float q, float s, float z) {
+  if (!Q) return q;
+  const float v = amk_mul(q, s);
+  return Z ? amk_add(v, z) : v;
+}
+AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
+  if (w.sb == nullptr) return q;
+  const float v = amk_mul(q, s);
+  return w.zb ? amk_add(v, z) : v;
+}
+
+AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
+  return w.sb ? amk_load(*w.sb, w.soff + r * w.sstride + (w.k_lo + c) / w.group - w.g0) : 1.0f;
+}
+AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
+  return w.zb ? amk_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
+}
+
+// Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
+AMK_DEVICE float amk_w_at(const AmkGemvW& w, int r, int c) {
+  const float q = amk_load(*w.wb, w.off + r * w.stride + c);
+  return amk_dequant(w, q, amk_w_scale(w, r, c), amk_w_zero(w, r, c));
+}
+
+// ---------------------------------------------------------------- 16-byte vector formats
+template <int DT> struct AmkWFmt;
+template <> struct AmkWFmt<AMK_DTYPE_F32> {
+  static constexpr int VEC = 4, BITS = 32, UNROLL = AMK_GEMV_UNROLL;
+  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
+    const unsigned u = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+    return __uint_as_float(u);
+  }
+};
+template <> struct AmkWFmt<AMK_DTYPE_BF16> {
+  static constexpr int VEC = 8, BITS = 16, UNROLL = AMK_GEMV_UNROLL;
+  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
+    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+    return amk_bf16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
+  }
+};
+template <> struct AmkWFmt<AMK_DTYPE_F16> {
+  static constexpr int VEC = 8, BITS = 16, UNROLL = AMK_GEMV_UNROLL;
+  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
+    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+    return amk_f16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
+  }
+};
+template <> struct AmkWFmt<AMK_DTYPE_I8> {
+  static constexpr int VEC = 16, BITS = 8, UNROLL = AMK_GEMV_UNROLL_Q;
+  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
+    const unsigned u = (j >> 2) == 0 ? v.x : (j >> 2) == 1 ? v.y : (j >> 2) == 2 ? v.z : v.w;
+    return (float)(signed char)((u >> (8 * (j & 3))) & 0xffu);
+  }
+};
+template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8) (low nibble first)
+  static constexpr int VEC = 32, BITS = 4, UNROLL = AMK_GEMV_UNROLL_Q;
+  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
+    const unsigned u = (j >> 3) == 0 ? v.x : (j >> 3) == 1 ? v.y : (j >> 3) == 2 ? v.z : v.w;
+    return (float)((u >> (4 * (j & 7))) & 15u);
+  }
+};
+
+// Can every row of this matrix be streamed with aligned 16-byte vectors, one scale per vector?
+template <int DT>
+AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w) {
+  using F = AmkWFmt<DT>;
+  if (w.off % F::VEC != 0 || w.stride % F::VEC != 0) return false;
+  const unsigned long long base = w.wb->ptr + (unsigned long long)(w.off * F::BITS / 8);
+  if (base % 16 != 0) return false;
+  return w.sb == nullptr || (w.group % F::VEC == 0 && w.k_lo % F::VEC == 0);
+}
+
+// Dot of row r of w (and of w2 when PAIR) with xs[0:K); whole warp; result in every lane.
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
+                                 float& a2) {
+  using F = AmkWFmt<DT>;
+  constexpr int U = F::UNROLL;
+  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  const int nvec = K / F::VEC;
+  const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
+  const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
+  const int lane = amk_lane();
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll 1
+  for (int v0 = lane; v0 < nvec; v0 += AMK_WARP_SIZE * U) {
+    amk_u32x4 raw1[U], raw2[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // issue every load before the first use
+      const int v = v0 + u * AMK_WARP_SIZE;
+      if (v < nvec) {
+        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * AMK_WARP_SIZE;
+      if (v < nvec) {
+        const int col = v * F::VEC;
+        const float* xv = xs + col;
+        const float sc1 = Q ? amk_w_scale(w, r, col) : 1.0f, z1 = Z ? amk_w_zero(w, r, col) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < F::VEC; ++j) s1 += amk_dequant_q<Q, Z>(F::get(raw1[u], j), sc1, z1) * xv[j];
+        if (PAIR) {
+          const float sc2 = Q ? amk_w_scale(w2, r, col) : 1.0f, z2 = Z ? amk_w_zero(w2, r, col) : 0.0f;
+#pragma unroll
+          for (int j = 0; j < F::VEC; ++j) s2 += amk_dequant_q<Q, Z>(F::get(raw2[u], j), sc2, z2) * xv[j];
+        }
+      }
+    }
+  }
+  for (int col = nvec * F::VEC + lane; col < K; col += AMK_WARP_SIZE) {  // tail
+    s1 += amk_w_at(w, r, col) * xs[col];
+    if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+  }
+  a1 = amk_warp_sum(s1);
+  a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
+}
+
+// Scalar fallback for slabs that are not 16-byte aligned; whole warp.
+template <bool PAIR>
+AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
+                                    float& a2) {
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int col = amk_lane(); col < K; col += AMK_WARP_SIZE) {
+    s1 += amk_w_at(w, r, col) * xs[col];
+    if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+  }
+  a1 = amk_warp_sum(s1);
+  a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
+}
+
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+  const bool vec = amk_gemv_vec_ok<DT>(w) && (!PAIR || amk_gemv_vec_ok<DT>(w2));
+  constexpr int m = PAIR ? 2 : 1;
+#pragma unroll 1
+  for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
+    float a1, a2;
+    if (vec) amk_gemv_row_vec<DT, PAIR>(w, w2, xs, r, K, a1, a2);
+    else amk_gemv_row_scalar<PAIR>(w, w2, xs, r, K, a1, a2);
+    if (amk_lane() == 0) {
+      acc[r * m] = a1;
+      if (PAIR) acc[r * m + 1] = a2;
+    }
+  }
+}
+
+template <bool PAIR>
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+  switch (w.wb->dtype) {
+    case AMK_DTYPE_F32: amk_gemv_rows<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K); return true;
+    case AMK_DTYPE_BF16: amk_gemv_rows<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K); return true;
+    case AMK_DTYPE_F16: amk_gemv_rows<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K); return true;
+    case AMK_DTYPE_I8: amk_gemv_rows<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K); return true;
+    case AMK_DTYPE_U4: amk_gemv_rows<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K); return true;
+    default: return false;
+  }
+}
+
+AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
+  const AmkTask& t = *c.t;
+  const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
+  const int m = amk_row_width(t);
+  float* xs = amk_smem(c, amk_smem_gemv(t));
+  if (!xs) return;
+  float* acc = xs + amk_round4(K);
+  float* red = acc + amk_round4((long long)rows * m);
+
+  // prologue: stage x (or its RMSNorm) as fp32
+  const AmkOperand& x = amk_in(c, AMK_ROLE_X);
+  const AmkBuffer& xb = amk_buf(c, x);
+  if (t.ip[AMK_P_HAS_NORM]) {
+    const float inv = amk_block_inv_rms(c, x, t.ip[AMK_P_K], t.fp[AMK_F_NORM_EPS], red);
+    const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
+    const AmkBuffer& gb = amk_buf(c, g);
+    for (int i = threadIdx.x; i < K; i += blockDim.x)
+      xs[i] = amk_mul(amk_mul(amk_load(xb, amk_flat(x, k_lo + i)), inv), amk_load(gb, amk_flat(g, k_lo + i)));
+  } else {
+    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = amk_load(xb, amk_flat(x, i));
+  }
+  amk_syncthreads();
+
+  const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
+  const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
+  if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
+    return;
+  }
+  bool ok;
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, acc, rows, K);
+  if (!ok) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
+    return;
+  }
+  amk_syncthreads();
+
+  if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
+    const AmkOperand& y = t.out[0];
+    const AmkBuffer& yb = amk_buf(c, y);
+    for (int e = threadIdx.x; e < rows * m; e += blockDim.x) amk_store(yb, amk_flat(y, e), acc[e]);
+  } else {
+    amk_epilogue(c, acc, rows);
+  }
+}

@@ -1,0 +1,33 @@
+// Umbrella header: every op's device function, and the dispatch by op code.
+#pragma once
+#include "common.cuh"
+#include "embed.cuh"
+#include "rmsnorm.cuh"
+#include "gemv.cuh"
+#include "reduce.cuh"
+#include "rope.cuh"
+#include "head_norm.cuh"
+#include "kv_append.cuh"
+#include "attention.cuh"
+#include "elementwise.cuh"
+#include "argmax.cuh"
+
+// Run one task; all threads of the block; the task record is in shared memory.
+AMK_DEVICE void amk_dispatch(const AmkCtx& c) {
+  switch (c.t->op) {
+    case AMK_OP_EMBED: amk_op_embed(c); break;
+    case AMK_OP_RMSNORM: amk_op_rmsnorm(c); break;
+    case AMK_OP_GEMV: amk_op_gemv(c); break;
+    case AMK_OP_REDUCE: amk_op_reduce(c); break;
+    case AMK_OP_ROPE: amk_op_rope(c); break;
+    case AMK_OP_KV_APPEND: amk_op_kv_append(c); break;
+    case AMK_OP_ATTN_PARTIAL: amk_op_attn_partial(c); break;
+    case AMK_OP_ATTN_COMBINE: amk_op_attn_combine(c); break;
+    case AMK_OP_SILU_MUL: amk_op_silu_mul(c); break;
+    case AMK_OP_ADD: amk_op_add(c); break;
+    case AMK_OP_ARGMAX: amk_op_argmax(c); break;
+    case AMK_OP_HEAD_NORM: amk_op_head_norm(c); break;
+    default:
+      if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, c.t->op);
+  }
+}

@@ -1,0 +1,46 @@
+// RMSNORM: y = x[col:col+n] * rsqrt(mean(x^2) + eps) * gamma  (ir.RmsNormParams)
+// Also the shared pieces of every RMSNorm: the block-wide inverse RMS and the per-head
+// (one warp) norm used by HEAD_NORM and the GEMV/REDUCE rope epilogue.
+#pragma once
+#include "common.cuh"
+
+// rsqrt(mean_{i<n} x[i]^2 + eps) over the first n elements of a flat operand; all threads.
+AMK_DEVICE float amk_block_inv_rms(const AmkCtx& c, const AmkOperand& x, int n, float eps, float* red) {
+  const AmkBuffer& xb = amk_buf(c, x);
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = amk_load(xb, amk_flat(x, i));
+    ss += v * v;
+  }
+  ss = amk_block_sum(ss, red);
+  return amk_rsqrt(amk_add(amk_div(ss, (float)n), eps));
+}
+
+// One warp normalises a head held in shared memory in place: h = h * rsqrt(mean(h^2)+eps) * g.
+AMK_DEVICE void amk_warp_head_norm(const AmkCtx& c, float* h, int hd, const AmkOperand& g, float eps) {
+  const AmkBuffer& gb = amk_buf(c, g);
+  float ss = 0.0f;
+  for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) ss += h[i] * h[i];
+  ss = amk_warp_sum(ss);
+  const float r = amk_rsqrt(amk_add(amk_div(ss, (float)hd), eps));
+  for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) h[i] = amk_mul(amk_mul(h[i], r), amk_load(gb, amk_flat(g, i)));
+  amk_syncwarp();
+}
+
+AMK_DEVICE long long amk_smem_rmsnorm(const AmkTask&) { return AMK_WARP_SIZE; }
+
+AMK_DEVICE void amk_op_rmsnorm(const AmkCtx& c) {
+  const AmkTask& t = *c.t;
+  float* red = amk_smem(c, amk_smem_rmsnorm(t));
+  if (!red) return;
+  const AmkOperand& x = amk_in(c, AMK_ROLE_X);
+  const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
+  const AmkOperand& y = t.out[0];
+  const int hidden = t.ip[AMK_P_NORM_HIDDEN], col = t.ip[AMK_P_NORM_COL];
+  const float r = amk_block_inv_rms(c, x, hidden, t.fp[AMK_F_NORM_EPS_RMS], red);
+  const AmkBuffer &xb = amk_buf(c, x), &gb = amk_buf(c, g), &yb = amk_buf(c, y);
+  for (int i = threadIdx.x; i < y.len; i += blockDim.x) {
+    const float v = amk_mul(amk_mul(amk_load(xb, amk_flat(x, col + i)), r), amk_load(gb, amk_flat(g, i)));
+    amk_store(yb, amk_flat(y, i), v);
+  }
+}

@@ -1,0 +1,45 @@
+// ROPE: rotate-half RoPE per head at the runtime position  (ir.RopeParams)
+// amk_warp_rope is shared with the GEMV/REDUCE ROPE and ROPE_APPEND epilogues.
+#pragma once
+#include "common.cuh"
+
+// One warp rotates a head h[0:hd) (shared memory) and stores it to elements
+// e0 .. e0+hd of output operand y (flat, or KV row pos for kv == APPEND):
+//   y[i] = h[i] cos - h[i+d/2] sin,  y[i+d/2] = h[i+d/2] cos + h[i] sin,  angle = pos * inv_freq[i].
+AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, const AmkOperand& inv_freq,
+                              const AmkOperand& y, amk_i64 e0) {
+  const AmkBuffer& fb = amk_buf(c, inv_freq);
+  const AmkBuffer& yb = amk_buf(c, y);
+  const int half = hd / 2;
+  const float p = (float)pos;
+  for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
+    const float ang = amk_mul(p, amk_load(fb, amk_flat(inv_freq, i)));
+    const float cs = amk_cos(ang), sn = amk_sin(ang);
+    const float x1 = h[i], x2 = h[i + half];
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i), amk_sub(amk_mul(x1, cs), amk_mul(x2, sn)));
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i + half), amk_add(amk_mul(x2, cs), amk_mul(x1, sn)));
+  }
+}
+
+AMK_DEVICE long long amk_smem_heads(const AmkTask& t) {
+  return (long long)t.ip[AMK_P_HEADS_HEADS] * t.ip[AMK_P_HEADS_HEAD_DIM];
+}
+
+// Stage x (heads*hd values) into shared memory as fp32; all threads; ends with a barrier.
+AMK_DEVICE void amk_stage(const AmkCtx& c, float* dst, const AmkOperand& x, int n) {
+  const AmkBuffer& xb = amk_buf(c, x);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = amk_load(xb, amk_flat(x, i));
+  amk_syncthreads();
+}
+
+AMK_DEVICE void amk_op_rope(const AmkCtx& c) {
+  const AmkTask& t = *c.t;
+  const int hd = t.ip[AMK_P_HEADS_HEAD_DIM], heads = t.ip[AMK_P_HEADS_HEADS];
+  float* xs = amk_smem(c, amk_smem_heads(t));
+  if (!xs) return;
+  const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
+  if (!amk_check_pos(c, pos)) return;
+  amk_stage(c, xs, amk_in(c, AMK_ROLE_X), heads * hd);
+  for (int h = amk_warp(); h < heads; h += amk_nwarps())
+    amk_warp_rope(c, xs + h * hd, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), t.out[0], (amk_i64)h * hd);
+}

@@ -1,0 +1,143 @@
+// Host emulation of the device primitives (vm/portability.h's seam, selected by
+// -DAMK_ARCH_EMU): the megakernel compiled by g++, every GPU thread an OS thread.
+// Barriers are std::barrier; warp shuffles go through a per-warp exchange array between two
+// warp barriers; counters use GCC atomics with the same acquire/release orders. Used by
+// tests/test_vm_emulated.py to check the kernel code on machines without a GPU.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#define AMK_WARP_SIZE 32
+#define AMK_DEVICE inline
+#define AMK_KERNEL(threads, min_blocks) void
+#define AMK_FULL_MASK 0xffffffffu
+#define __restrict__ __restrict
+
+struct amk_dim3 {
+  unsigned x, y, z;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+
+struct AmkEmuBlock {
+  explicit AmkEmuBlock(int threads, int smem_bytes)
+      : bar(threads), exch(threads), dyn(smem_bytes / 16 + 1), arena(8192) {
+    for (int w = 0; w < threads / AMK_WARP_SIZE; ++w) warp_bars.emplace_back(new std::barrier<>(AMK_WARP_SIZE));
+  }
+  ~AmkEmuBlock() {
+    for (auto* b : warp_bars) delete b;
+  }
+  std::barrier<> bar;
+  std::vector<std::barrier<>*> warp_bars;
+  std::vector<unsigned> exch;
+  std::vector<float4> dyn;
+  std::vector<float4> arena;  // AMK_BLOCK_SHARED variables, 1 KiB each
+};
+
+inline thread_local amk_dim3 threadIdx, blockIdx, blockDim;
+inline thread_local AmkEmuBlock* amk_emu_block;
+
+template <typename T, int ID>
+inline T& amk_emu_shared() {
+  static_assert(sizeof(T) <= 1024 && ID < 128, "emulated block-shared variable too large");
+  return *reinterpret_cast<T*>(reinterpret_cast<char*>(amk_emu_block->arena.data()) + ID * 1024);
+}
+#define AMK_BLOCK_SHARED(type, name) type& name = amk_emu_shared<type, __COUNTER__>()
+#define AMK_DYNAMIC_SHARED(name) float4* name = amk_emu_block->dyn.data()
+
+// ---------------------------------------------------------------- memory ordering
+AMK_DEVICE unsigned amk_ld_acquire_gpu(const unsigned* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+AMK_DEVICE void amk_release_add_gpu(unsigned* p, unsigned v) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+}
+AMK_DEVICE void amk_fence_gpu() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+AMK_DEVICE int amk_ld_volatile(const volatile int* p) { return __atomic_load_n(const_cast<const int*>(p), __ATOMIC_ACQUIRE); }
+AMK_DEVICE void amk_nanosleep(unsigned) { std::this_thread::yield(); }
+AMK_DEVICE unsigned long long amk_timer_ns() {
+  return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+AMK_DEVICE void amk_prefetch_l2(const void*) {}
+AMK_DEVICE int atomicCAS(int* p, int cmp, int val) {
+  __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;
+}
+
+// ---------------------------------------------------------------- barriers and warps
+AMK_DEVICE void amk_syncthreads() { amk_emu_block->bar.arrive_and_wait(); }
+AMK_DEVICE void amk_syncwarp() { amk_emu_block->warp_bars[threadIdx.x / AMK_WARP_SIZE]->arrive_and_wait(); }
+AMK_DEVICE unsigned amk_emu_shfl_xor(unsigned v, int mask) {
+  const int t = threadIdx.x, lane = t % AMK_WARP_SIZE;
+  amk_emu_block->exch[t] = v;
+  amk_syncwarp();
+  const unsigned r = amk_emu_block->exch[t - lane + (lane ^ mask)];
+  amk_syncwarp();
+  return r;
+}
+AMK_DEVICE float amk_shfl_xor(float v, int mask) {
+  unsigned u;
+  memcpy(&u, &v, 4);
+  u = amk_emu_shfl_xor(u, mask);
+  memcpy(&v, &u, 4);
+  return v;
+}
+AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return (int)amk_emu_shfl_xor((unsigned)v, mask); }
+
+// ---------------------------------------------------------------- loads and conversions
+struct amk_u32x4 {
+  unsigned x, y, z, w;
+};
+AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
+  if (((uintptr_t)p) % 16) __builtin_trap();  // the GPU would fault on a misaligned vector load
+  amk_u32x4 r;
+  memcpy(&r, p, 16);
+  return r;
+}
+AMK_DEVICE float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+AMK_DEVICE float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+AMK_DEVICE unsigned short amk_f32_to_bf16(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
+}
+AMK_DEVICE float amk_f16_to_f32(unsigned short h) {
+  _Float16 x;
+  memcpy(&x, &h, 2);
+  return (float)x;
+}
+AMK_DEVICE unsigned short amk_f32_to_f16(float f) {
+  const _Float16 x = (_Float16)f;
+  unsigned short h;
+  memcpy(&h, &x, 2);
+  return h;
+}
+
+// ---------------------------------------------------------------- arithmetic (-ffp-contract=off)
+AMK_DEVICE float amk_mul(float a, float b) { return a * b; }
+AMK_DEVICE float amk_add(float a, float b) { return a + b; }
+AMK_DEVICE float amk_sub(float a, float b) { return a - b; }
+AMK_DEVICE float amk_div(float a, float b) { return a / b; }
+AMK_DEVICE float amk_rsqrt(float a) { return 1.0f / sqrtf(a); }
+AMK_DEVICE float amk_exp(float a) { return expf(a); }
+AMK_DEVICE float amk_cos(float a) { return cosf(a); }
+AMK_DEVICE float amk_sin(float a) { return sinf(a); }
+AMK_DEVICE bool amk_isnan(float a) { return a != a; }
+AMK_DEVICE float amk_neg_inf() { return -INFINITY; }
+AMK_DEVICE float amk_nan() { return NAN; }
+using std::min;

@@ -1,0 +1,179 @@
+"""The CUDA megakernel without a GPU: it compiles warning-free for every NVIDIA target
+(nvcc, and NVRTC as the loader builds it), the device tables that vm/loader.py packs match
+the C layouts of vm/tables.h byte for byte, and the ABI mirrors (roles, param slots,
+error codes) agree. Each check skips with its reason when its tool is missing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from amk.schedule.ir import DType, Epilogue, Op
+from amk.schedule.opspec import input_roles, output_roles
+from amk.vm import compile_check, loader
+from amk.vm.build import build_options, source_dirs
+from programs import GemvCase, attention_program, gemv_program, lm_head_program
+
+VM_DIR, INS_DIR = source_dirs()
+TABLES_H = (VM_DIR / "tables.h").read_text()
+
+
+# ----------------------------------------------------------------------------- compiling
+@pytest.mark.parametrize("arch", compile_check.ARCHS)
+def test_nvcc_compiles_without_warnings(arch):
+    if compile_check.nvcc_path() is None:
+        pytest.skip("nvcc not found (install the CUDA toolkit to check the device sources)")
+    ok, output = compile_check.nvcc_compile(arch)
+    assert ok, output
+
+
+def test_nvrtc_compiles_sm90():
+    """The loader's own build path (in-memory headers, NVRTC options) for the H100."""
+    try:
+        from amk.vm.build import nvrtc_compile
+
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as e:  # ImportError, or the NVRTC shared library missing
+        pytest.skip(f"NVRTC unavailable: {type(e).__name__}: {e}")
+    cubin, log = nvrtc_compile(90, build_options(90, 256))
+    assert len(cubin) > 0
+    assert "warning" not in log.lower(), log
+
+
+# ----------------------------------------------------------------------------- layouts
+def _layout_fields():
+    """(C expression, numpy dtype, field path) for every field of the packed tables."""
+    rows = []
+
+    def walk(ctype: str, dt: np.dtype, prefix: str, cpath: str, base: int):
+        for name in dt.names:
+            sub, off = dt.fields[name][:2]
+            if sub.subdtype is not None:  # array field: check element 0 and its stride
+                elem, shape = sub.subdtype
+                rows.append((f"offsetof({ctype}, {cpath}{name})", base + off, f"{prefix}{name}"))
+                if elem.names:
+                    walk(ctype, elem, f"{prefix}{name}[0].", f"{cpath}{name}[0].", base + off)
+            elif sub.names:
+                walk(ctype, sub, f"{prefix}{name}.", f"{cpath}{name}.", base + off)
+            else:
+                rows.append((f"offsetof({ctype}, {cpath}{name})", base + off, f"{prefix}{name}"))
+
+    for ctype, dt in (("AmkTask", loader.TASK_DTYPE), ("AmkBuffer", loader.BUFFER_DTYPE),
+                      ("AmkOperand", loader.OPERAND_DTYPE), ("AmkWait", loader.WAIT_DTYPE)):
+        rows.append((f"sizeof({ctype})", dt.itemsize, f"sizeof {ctype}"))
+        walk(ctype, dt, f"{ctype}.", "", 0)
+    return rows
+
+
+def test_table_layouts_match_tables_h(tmp_path: Path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler to read the C layouts")
+    rows = _layout_fields()
+    body = "\n".join(f'  printf("%zu\\n", (size_t)({expr}));' for expr, _, _ in rows)
+    src = tmp_path / "layout.cpp"
+    src.write_text(f'#include <cstddef>\n#include <cstdio>\n#include "tables.h"\nint main() {{\n{body}\n}}\n')
+    exe = tmp_path / "layout"
+    subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", f"-I{VM_DIR}", str(src), "-o", str(exe)], check=True,
+                   capture_output=True)
+    got = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    mismatches = [(what, want, g) for (_, want, what), g in zip(rows, got) if want != g]
+    assert not mismatches, f"numpy vs C (field, numpy, C): {mismatches}"
+
+
+def _enum(name: str) -> dict[str, int]:
+    body = re.search(r"enum " + name + r" \{(.*?)\};", TABLES_H, re.S).group(1)
+    out, nxt = {}, 0
+    for line in body.splitlines():
+        line = line.split("//")[0].strip().rstrip(",")
+        if not line:
+            continue
+        key, _, val = line.partition("=")
+        nxt = int(val) if val.strip() else nxt
+        out[key.strip()] = nxt
+        nxt += 1
+    return out
+
+
+def test_roles_mirror_tables_h():
+    roles = {k.removeprefix("AMK_ROLE_").lower(): v for k, v in _enum("AmkRole").items() if k != "AMK_ROLE_COUNT"}
+    assert roles == loader.ROLE_CODE
+    assert len(loader.ROLES) <= loader.ROLE_SLOTS == int(re.search(r"#define AMK_ROLE_SLOTS (\d+)", TABLES_H).group(1))
+
+
+def test_param_slots_and_errors_mirror_tables_h():
+    params = {k.removeprefix("AMK_"): v for k, v in _enum("AmkParamIndex").items()}
+    assert params == loader.PARAM_INDEX
+    errors = {v for k, v in _enum("AmkError").items() if k != "AMK_ERR_NONE"}
+    assert errors == set(loader.ERRORS)
+    for name, value in (("AMK_NIPARAM", loader.NIPARAM), ("AMK_NFPARAM", loader.NFPARAM)):
+        assert int(re.search(rf"#define {name} (\d+)", TABLES_H).group(1)) == value
+    assert max(v for k, v in params.items() if k.startswith("P_")) < loader.NIPARAM
+    assert max(v for k, v in params.items() if k.startswith("F_")) < loader.NFPARAM
+
+
+def test_device_constants_mirror_headers():
+    attn = (INS_DIR / "attention.cuh").read_text()
+    assert int(re.search(r"#define AMK_ATTN_TILE (\d+)", attn).group(1)) == loader.ATTN_TILE
+    arch = (VM_DIR / "arch_cuda.h").read_text()
+    assert int(re.search(r"#define AMK_WARP_SIZE (\d+)", arch).group(1)) == loader.WARP
+    assert int(re.search(r"AMK_ST_WORDS = (\d+)", TABLES_H).group(1)) == loader.STATUS_WORDS
+
+
+def test_every_opspec_role_has_a_device_slot():
+    from amk.schedule.ir import (AddParams, ArgmaxParams, AttnCombineParams, AttnPartialParams, EmbedParams,
+                                 GemvParams, HeadNormParams, KvAppendParams, ReduceParams, RmsNormParams, RopeParams,
+                                 SiluMulParams)
+
+    params = [EmbedParams(vocab=4, hidden=4), RmsNormParams(hidden=4, col=0, eps=1e-5), RopeParams(head_dim=4, heads=1),
+              HeadNormParams(head_dim=4, heads=1, eps=1e-5), KvAppendParams(n=4),
+              AttnPartialParams(head_dim=4, q_heads=1, splits=1, split=0, block=1, scale=0.5),
+              AttnCombineParams(head_dim=4, q_heads=1, splits=1), SiluMulParams(n=4), AddParams(n=4), ArgmaxParams(n=4)]
+    for ep in Epilogue:
+        for bias in (False, True):
+            params.append(GemvParams(rows=4, k=4, k_hi=4, epilogue=ep, has_bias=bias, head_dim=4, norm_eps=1e-5,
+                                     head_norm_eps=1e-5 if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND) else None))
+            params.append(ReduceParams(rows=4, split_k=2, epilogue=ep, has_bias=bias, head_dim=4))
+    for p in params:
+        for dt in (DType.F32, DType.I8, DType.U4):
+            roles = input_roles(p, dt)
+            assert set(roles) <= set(loader.ROLES), (p.op, roles)
+            assert len(roles) == len(set(roles)) and len(roles) <= 10
+        assert len(output_roles(p)) <= 2
+
+
+# ----------------------------------------------------------------------------- packing
+def _programs():
+    yield lm_head_program()
+    yield attention_program(qk_norm=True)
+    for case in (GemvCase(rows=16, k=32, quant="u4", epilogue=Epilogue.SILU_MUL, split_k=2),
+                 GemvCase(rows=16, k=32, head_dim=8, epilogue=Epilogue.ROPE_APPEND, head_norm_eps=1e-6, bias=True)):
+        yield gemv_program(case)
+
+
+def test_pack_program_tables():
+    for prog, _ in _programs():
+        pk = loader.PackedProgram(prog)
+        assert pk.tasks.dtype.itemsize == int(re.search(r"AMK_TASK_BYTES (\d+)", TABLES_H).group(1))
+        assert pk.queue_start[-1] == len(prog.tasks) == len(pk.queue_tasks)
+        assert sorted(pk.queue_tasks.tolist()) == list(range(len(prog.tasks)))
+        for rec, t in zip(pk.tasks, prog.tasks):
+            wdt = prog.buffers[t.inputs[0].buf].dtype if t.op == Op.GEMV else DType.F32
+            for slot, role in enumerate(input_roles(t.params, wdt)):
+                assert rec["role"][loader.ROLE_CODE[role]] == slot
+                assert rec["in"][slot]["off"] == t.inputs[slot].off and rec["in"][slot]["len"] == t.inputs[slot].len
+            assert (rec["role"] >= 0).sum() == len(t.inputs)
+            for w, wait in zip(rec["waits"], t.waits):
+                assert w["threshold"] == wait.threshold
+                assert w["producers"] == sum(1 for u in prog.tasks if u.out_counter == wait.counter)
+            assert pk.smem_bytes >= 4 * loader.smem_words(t.params, prog.threads_per_block, prog.kv_capacity)
+        table = pk.buffer_table({b.id: 4096 * (i + 1) for i, b in enumerate(prog.buffers)})
+        assert table["ptr"].tolist() == [4096 * (i + 1) for i in range(len(prog.buffers))]
+        assert table["numel"].tolist() == [b.numel for b in prog.buffers]

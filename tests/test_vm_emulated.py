@@ -1,0 +1,104 @@
+"""The megakernel's own device code on the CPU: vm/megakernel.cu and instructions/*.cuh
+compiled by g++ against tests/emu/arch_emu.h (one OS thread per GPU thread, every block
+at once), run against the ReferenceVM on the programs the GPU tests use. This checks the
+op functions, the scheduler loop (waits, epoch thresholds, release/acquire) and the table
+packing without a GPU; the GPU tests (test_vm_gpu.py) check the real thing."""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import pytest
+import torch
+
+from amk.schedule.ir import DType
+from amk.vm.loader import VMHangError
+from emu_vm import EmuVM, build, compiler
+from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
+from vm_cases import (
+    ATTN_SPLITS,
+    ATTN_TOKENS,
+    GEMV_CASES,
+    HALF_WEIGHT_CASES,
+    PROMPT,
+    cast_weights,
+    close,
+    elementwise_program,
+    hang_program,
+    hf_model,
+    lowered,
+    run_both,
+)
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ (C++20) to build the emulated megakernel")
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    lib = build(tmp_path_factory.mktemp("emu"))
+
+    def make(prog, tensors, **kw):
+        return EmuVM(prog, tensors, lib, **kw)
+
+    return make
+
+
+def test_embed_rmsnorm_gemv_argmax(emu):
+    run_both(emu, *lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5), [(0, 0), (7, 0), (299, 0)])
+
+
+@pytest.mark.parametrize("name", list(GEMV_CASES))
+def test_gemv(emu, name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+
+
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
+@pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
+def test_gemv_half_weights(emu, name, dtype):
+    run_both(emu, *cast_weights(*gemv_program(GEMV_CASES[name], seed=7), {"w", "w2"}, dtype), [(2, 0), (1, 1)])
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("splits,block", ATTN_SPLITS)
+def test_attention_ops(emu, qk_norm, splits, block):
+    prog, t = attention_program(heads=8, kv_heads=2, head_dim=32, splits=splits, block=block, qk_norm=qk_norm,
+                                capacity=16, seed=splits)
+    run_both(emu, prog, t, list(zip(ATTN_TOKENS, range(len(ATTN_TOKENS)))))
+
+
+def test_silu_mul_and_add(emu):
+    run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_tiny_model(emu, family):
+    prog, t = tiny_model_program(hf_model(family), split_k=2 if family == "llama" else 1, splits=3, queues=3)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:4])])
+
+
+@pytest.mark.parametrize("cfg", [{}, dict(quant="int4", quant_group=32, split_k=2),
+                                 dict(fuse_norm=False, fuse_rope_append=False, fuse_residual=False,
+                                      fuse_silu_mul=False, quant="int8")])
+def test_lowered_model(emu, cfg):
+    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+def test_epochs_across_steps(emu):
+    prog, t = lm_head_program()
+    vm = emu(prog, t)
+    for i in range(20):
+        vm.run_step(i % 40, 0)
+    assert vm.epoch == 21
+    run_both(lambda p, tt: vm, prog, t, [(9, 0)])
+
+
+def test_hang_is_reported(emu):
+    vm = emu(*hang_program(), spin_timeout_s=0.3)
+    start = time.monotonic()
+    with pytest.raises(VMHangError, match="spin timeout"):
+        vm.run_step(0, 0)
+    assert time.monotonic() - start < 5
+    assert vm.epoch == 1  # reset after the failure

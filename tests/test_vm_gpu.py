@@ -1,0 +1,172 @@
+"""The CUDA megakernel against the ReferenceVM (the torch semantics of amk.instructions) on a
+real GPU: every op in small programs, whole models (hand-fused and lowered), the step
+protocol (epochs, generate), and the watchdog (a hanging program fails within its bound
+and the GPU stays usable). Cases and comparisons: tests/vm_cases.py."""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import pytest
+import torch
+
+from amk.schedule.ir import DType
+from amk.vm.reference import ReferenceVM
+from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
+from vm_cases import (
+    ATTN_SPLITS,
+    ATTN_TOKENS,
+    GEMV_CASES,
+    HALF_WEIGHT_CASES,
+    LOWERED,
+    PROMPT,
+    cast_weights,
+    close,
+    elementwise_program,
+    hang_program,
+    hf_model,
+    lowered,
+    run_both,
+)
+
+
+def _gpu_ready() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU and CuPy")]
+
+
+def cuda_vm(prog, tensors, **kw):
+    from amk.vm.loader import CudaVM
+
+    return CudaVM(prog, tensors, poison_each_step=True, **kw)
+
+
+# ----------------------------------------------------------------------------- single ops
+def test_embed_rmsnorm_gemv_argmax():
+    prog, t = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
+    run_both(cuda_vm, prog, t, [(0, 0), (7, 0), (299, 0), (123, 0)])
+
+
+@pytest.mark.parametrize("name", list(GEMV_CASES))
+def test_gemv(name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
+
+
+@pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
+@pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
+def test_gemv_half_weights(name, dtype):
+    prog, t = cast_weights(*gemv_program(GEMV_CASES[name], seed=7), {"w", "w2"}, dtype)
+    run_both(cuda_vm, prog, t, [(2, 0), (1, 1)])
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("splits,block", ATTN_SPLITS)
+def test_attention_ops(qk_norm, splits, block):
+    """EMBED, HEAD_NORM, ROPE, KV_APPEND, ATTN_PARTIAL (empty splits early on), ATTN_COMBINE."""
+    prog, t = attention_program(heads=8, kv_heads=2, head_dim=32, splits=splits, block=block, qk_norm=qk_norm,
+                                capacity=16, seed=splits)
+    run_both(cuda_vm, prog, t, list(zip(ATTN_TOKENS, range(len(ATTN_TOKENS)))))
+
+
+def test_attention_long_context_recomputes_scores():
+    """A chunk longer than the shared-memory score cache: pass 2 recomputes scores."""
+    from amk.vm.loader import attn_score_cap
+
+    cap, pos = 4096, 3000
+    prog, t = attention_program(heads=16, kv_heads=2, head_dim=128, splits=2, block=64, capacity=cap, seed=3)
+    p = next(x.params for x in prog.tasks if x.op.name == "ATTN_PARTIAL")
+    assert attn_score_cap(p, cap) < 1536  # a chunk of 1536 positions outgrows the cache
+    ref, gpu = ReferenceVM(prog, t), cuda_vm(prog, t)
+    gen = torch.Generator().manual_seed(0)
+    for name in ("k_cache", "v_cache"):  # a random history in both VMs
+        hist = torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen)
+        hist[pos:] = float("nan")
+        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1))
+        gpu.tensors[name].copy_(hist.reshape(-1))
+    close(gpu.run_step(5, pos)["out"], ref.run_step(5, pos)["out"], "long-context attention")
+
+
+def test_silu_mul_and_add():
+    run_both(cuda_vm, *elementwise_program(), [(0, 0), (4, 0), (2, 0)])
+
+
+# ----------------------------------------------------------------------------- whole models
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_tiny_model_logits_match_reference(family):
+    prog, t = tiny_model_program(hf_model(family), split_k=2 if family == "llama" else 1, splits=3)
+    ref, gpu = ReferenceVM(prog, t), cuda_vm(prog, t)
+    close(gpu.logits_for(PROMPT), ref.logits_for(PROMPT), f"{family} logits")
+    assert gpu.generate(PROMPT[:3], 6) == ref.generate(PROMPT[:3], 6)
+
+
+@pytest.mark.parametrize("case", list(LOWERED))
+def test_lowered_model_matches_reference(case):
+    """A whole random-init model through the real lowering: logits within 1e-4 (fp32)."""
+    prog, t = lowered(case.split("/")[0], **LOWERED[case])
+    ref, gpu = ReferenceVM(prog, t), cuda_vm(prog, t)
+    close(gpu.logits_for(PROMPT), ref.logits_for(PROMPT), f"{case} logits")
+    assert gpu.generate(PROMPT[:4], 5) == ref.generate(PROMPT[:4], 5)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_lowered_half_precision_model(dtype):
+    """Half-precision weights, activations and KV cache: each store rounds once, so the
+    two VMs may differ by a rounding step that then propagates; compare loosely."""
+    prog, t = lowered("llama-gqa-tied", dtype=dtype)
+    ref, gpu = ReferenceVM(prog, t), cuda_vm(prog, t)
+    got, want = gpu.logits_for(PROMPT).cpu(), ref.logits_for(PROMPT)
+    assert not got.isnan().any()
+    rel = (got - want).norm() / want.norm()
+    assert rel < 2e-2, f"{dtype}: relative error {rel:.2e}"
+
+
+# ----------------------------------------------------------------------------- step protocol
+def test_many_steps_epochs_and_reset():
+    """Counters are never reset between steps (epoch thresholds): 200 launches stay right."""
+    prog, t = lm_head_program()
+    ref, gpu = ReferenceVM(prog, t), cuda_vm(prog, t)
+    for i in range(200):
+        tok = (i * 7) % 40
+        if i % 50 == 0:
+            close(gpu.run_step(tok, 0)["logits"], ref.run_step(tok, 0)["logits"], f"step {i}")
+        else:
+            gpu.run_step(tok, 0)
+    assert gpu.epoch == 201
+    gpu.reset()
+    assert gpu.epoch == 1
+    assert gpu.run_step(3, 0)["next_token"].item() == ref.run_step(3, 0)["next_token"].item()
+
+
+def test_refuses_rejected_program():
+    from amk.vm.loader import VMRefused
+
+    with pytest.raises(VMRefused, match="refuses"):
+        cuda_vm(*hang_program())
+
+
+# ----------------------------------------------------------------------------- watchdog
+@pytest.mark.parametrize("who", ["device spin budget", "host watchdog"])
+def test_hang_becomes_an_error_and_the_gpu_stays_usable(who):
+    from amk.vm.loader import VMHangError
+
+    prog, t = hang_program()
+    timeout = 2.0
+    spin = 0.5 if who == "device spin budget" else 1000.0  # else only the host abort can end it
+    hang = cuda_vm(prog, t, timeout_s=timeout, spin_timeout_s=spin, _unsafe_skip_validation=True)
+    for _ in range(2):  # the same VM fails cleanly again after its reset
+        start = time.monotonic()
+        with pytest.raises(VMHangError, match="spin timeout" if spin < timeout else "aborted"):
+            hang.run_step(0, 0)
+        assert time.monotonic() - start < timeout + 3.0
+    torch.cuda.synchronize()  # the context is healthy
+    run_both(cuda_vm, *lm_head_program(), [(5, 0), (6, 0)])

@@ -1,0 +1,168 @@
+"""Programs and comparisons shared by the megakernel tests: on the GPU (test_vm_gpu.py)
+and under host emulation (test_vm_emulated.py), each VM is run against the ReferenceVM.
+
+`run_both(make_vm, prog, tensors, steps)` runs (token, pos) steps on both VMs with
+activations, scratch and outputs poisoned (NaN / a sentinel) before every step, and
+compares every IO output and every KV cache: fp32 within 1e-4 (summation order is the only
+freedom), half precision within one rounding step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
+from amk.vm.reference import ReferenceVM
+from programs import Builder, GemvCase, opd
+
+K = BufferKind
+TORCH = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, what: str, dtype: DType = DType.F32) -> None:
+    got = got.detach().cpu()
+    if not want.is_floating_point():
+        assert torch.equal(got, want), f"{what}: {got.tolist()} != {want.tolist()}"
+        return
+    tol = 1e-4 if dtype == DType.F32 else 1e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, equal_nan=True,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def run_both(make_vm, prog, tensors, steps, *, kv_check: bool = True):
+    """Run (token, pos) steps on the ReferenceVM and on make_vm(prog, tensors); compare."""
+    ref = ReferenceVM(prog, tensors)
+    vm = make_vm(prog, tensors)
+    dtypes = {b.name: b.dtype for b in prog.buffers}
+    for token, pos in steps:
+        want = ref.run_step(token, pos)
+        got = vm.run_step(token, pos)
+        assert set(got) == set(want)
+        for name in want:
+            close(got[name], want[name], f"{prog.name} step ({token}, {pos}) output {name}", dtypes[name])
+        if kv_check:
+            for b in prog.buffers:
+                if b.kind == K.KV_CACHE:
+                    close(vm.read_buffer(b.name), ref.read_buffer(b.name), f"{prog.name} pos {pos} {b.name}", b.dtype)
+    return ref, vm
+
+
+def cast_weights(prog, tensors, names, dtype: DType):
+    """The same program with the named WEIGHT buffers stored in `dtype` (e.g. bf16 GEMVs)."""
+    bufs = [b.model_copy(update={"dtype": dtype}) if b.name in names else b for b in prog.buffers]
+    new = {n: (t.to(TORCH[dtype]) if n in names else t) for n, t in tensors.items()}
+    return prog.model_copy(update={"buffers": bufs}), new
+
+
+GEMV_CASES = {
+    "store": GemvCase(rows=40, k=64, slabs=3),
+    "store_odd_scalar": GemvCase(rows=13, k=37, slabs=2),  # rows not 16-byte aligned: scalar path
+    "norm_bias": GemvCase(rows=48, k=128, norm_eps=1e-5, bias=True),
+    "add_in_place": GemvCase(rows=64, k=96, epilogue=Epilogue.ADD, bias=True),
+    "silu_mul": GemvCase(rows=32, k=64, epilogue=Epilogue.SILU_MUL, norm_eps=1e-6),
+    "rope_head_norm": GemvCase(rows=64, k=64, epilogue=Epilogue.ROPE, head_dim=16, head_norm_eps=1e-6, bias=True),
+    "rope_append": GemvCase(rows=32, k=64, epilogue=Epilogue.ROPE_APPEND, head_dim=16, norm_eps=1e-5),
+    "append": GemvCase(rows=24, k=64, epilogue=Epilogue.APPEND, bias=True),
+    "split_k_add": GemvCase(rows=40, k=96, split_k=3, epilogue=Epilogue.ADD, norm_eps=1e-5),
+    "split_k_silu": GemvCase(rows=32, k=64, split_k=2, epilogue=Epilogue.SILU_MUL),
+    "split_k_rope": GemvCase(rows=32, k=64, split_k=2, epilogue=Epilogue.ROPE_APPEND, head_dim=16,
+                             head_norm_eps=1e-6, bias=True),
+    "split_k_tail": GemvCase(rows=16, k=40, split_k=2),  # first slice: vectors + a tail; second unaligned
+    "i8_scalar": GemvCase(rows=24, k=64, quant="i8", group=8),
+    "i8_vec": GemvCase(rows=24, k=128, quant="i8", group=32, norm_eps=1e-5),
+    "u4_vec": GemvCase(rows=24, k=128, quant="u4", group=32, epilogue=Epilogue.SILU_MUL),
+    "u4_scalar_split": GemvCase(rows=24, k=64, quant="u4", group=8, split_k=2, epilogue=Epilogue.ADD),
+    "u4_vec_split": GemvCase(rows=24, k=256, quant="u4", group=64, split_k=2),
+    "bf16_out": GemvCase(rows=40, k=64, out_dtype=DType.BF16, epilogue=Epilogue.ADD),
+    "f16_out_rope": GemvCase(rows=32, k=64, epilogue=Epilogue.ROPE_APPEND, head_dim=16, out_dtype=DType.F16),
+    "long_k": GemvCase(rows=64, k=2048, slabs=2, norm_eps=1e-5),
+}
+HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
+ATTN_SPLITS = [(1, 1), (3, 2), (5, 1)]
+ATTN_TOKENS = [3, 1, 4, 1, 5, 7, 2, 6, 0]
+
+
+def elementwise_program():
+    """EMBED g/u/r, SILU_MUL tiles, ADD tiles into a bf16 output."""
+    from amk.schedule.ir import EmbedParams, SiluMulParams
+
+    n, vocab = 300, 5
+    b = Builder("elementwise", queues=3)
+    tok = b.buf("token", K.IO_INPUT, [1], DType.I32)
+    tables = {m: b.buf(f"{m}_table", K.WEIGHT, [vocab, n]) for m in ("g", "u", "r")}
+    vals = {m: b.buf(m, K.ACTIVATION, [n]) for m in ("g", "u", "r")}
+    act = b.buf("act", K.ACTIVATION, [n])
+    y = b.buf("y", K.IO_OUTPUT, [n], DType.BF16)
+    e, s, a = b.stage("embed"), b.stage("silu"), b.stage("add")
+    for m in ("g", "u", "r"):
+        b.task(EmbedParams(vocab=vocab, hidden=n), [opd(tok), opd(tables[m], 0, n, vocab, n)], [opd(vals[m])], stage=e)
+    tiles = ((0, 128), (128, 300))
+    for lo, hi in tiles:  # a stage's tasks are all built before anyone waits on it
+        b.task(SiluMulParams(n=hi - lo), [opd(vals["g"], lo, hi - lo), opd(vals["u"], lo, hi - lo)],
+               [opd(act, lo, hi - lo)], stage=s, after=[e])
+    for lo, hi in tiles:
+        b.task(AddParams(n=hi - lo), [opd(act, lo, hi - lo), opd(vals["r"], lo, hi - lo)], [opd(y, lo, hi - lo)],
+               stage=a, after=[s, e])
+    gen = torch.Generator().manual_seed(1)
+    return b.build(), {f"{m}_table": 3 * torch.randn(vocab, n, generator=gen) for m in ("g", "u", "r")}
+
+
+def hang_program():
+    """x = a + b, then y = x + b where `second` waits for 2 signals of a counter that only
+    one task signals: it can never run (the validator rejects this program)."""
+    b = Builder("hang", queues=2)
+    a_, b_ = b.buf("a", K.CONST, [4]), b.buf("b", K.CONST, [4])
+    x, y = b.buf("x", K.ACTIVATION, [4]), b.buf("y", K.IO_OUTPUT, [4])
+    s1, s2 = b.stage("first"), b.stage("second")
+    b.task(AddParams(n=4), [opd(a_), opd(b_)], [opd(x)], stage=s1, queue=0, name="first")
+    t2 = b.task(AddParams(n=4), [opd(x), opd(b_)], [opd(y)], stage=s2, after=[s1], queue=1, name="second")
+    t2.waits[0].threshold = 2
+    return b.build(), {"a": torch.arange(4.0), "b": torch.ones(4)}
+
+
+def hf_model(family: str):
+    """A tiny random HF model (biases and norm weights perturbed so they matter)."""
+    import transformers as tf
+
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+    cfg = {"llama": lambda: tf.LlamaConfig(**common),
+           "qwen2": lambda: tf.Qwen2Config(**common),
+           "qwen3": lambda: tf.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)}[family]()
+    torch.manual_seed(0)
+    model = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}[family](cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def lowered(model: str, dtype: str = "float32", kv_capacity: int = 64, **cfg):
+    """A zoo model with random weights through the real lowering, and its bound tensors."""
+    from amk.schedule.config import ScheduleConfig
+    from amk.schedule.importer import random_state_dict, spec_from_hf_config, zoo_configs
+    from amk.schedule.importer.hf_config import normalize
+    from amk.schedule.lower import bind_weights, lower
+    from amk.schedule.targets import get_target
+
+    hf = normalize(zoo_configs()[model])
+    spec = spec_from_hf_config(hf, name=model, dtype=dtype)
+    prog = lower(spec, ScheduleConfig(**cfg), get_target("h100"), kv_capacity=kv_capacity)
+    return prog, bind_weights(prog, spec, random_state_dict(hf, seed=0))
+
+
+UNFUSED = dict(fuse_norm=False, fuse_rope_append=False, fuse_residual=False, fuse_silu_mul=False)
+LOWERED = {
+    "llama-gqa-tied": {},
+    "llama-gqa-tied/split_k": dict(split_k=2),
+    "llama-gqa-tied/unfused": UNFUSED,
+    "llama-gqa-tied/int8": dict(quant="int8", quant_lm_head=True),
+    "llama-gqa-tied/int4": dict(quant="int4", quant_group=32),
+    "smollm2-like": dict(kv_splits=4),
+    "qwen2-bias": dict(split_k=2),
+    "qwen3-qknorm": {},
+    "llama-hd128": dict(threads_per_block=512, prefetch_depth=2),
+    "llama-mqa/rr": dict(sm_assignment="round_robin", gemv_tasks_per_matrix=7),
+}
+PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]

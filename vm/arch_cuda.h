@@ -1,0 +1,113 @@
+// NVIDIA (sm_80 and newer) primitives behind vm/portability.h.
+// Only this header names PTX; vm/arch_hip.h provides the same functions for AMD.
+#pragma once
+
+#ifndef AMK_WARP_SIZE
+#define AMK_WARP_SIZE 32
+#endif
+
+#define AMK_DEVICE __device__ __forceinline__
+#define AMK_KERNEL(threads, min_blocks) __global__ void __launch_bounds__(threads, min_blocks)
+
+// GEMV 16-byte loads in flight per lane (instructions/gemv.cuh). sm_120's ptxas spends
+// registers more freely; two in flight keeps the whole megakernel free of spills there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_GEMV_UNROLL)
+#define AMK_GEMV_UNROLL 2
+#endif
+
+#define AMK_FULL_MASK 0xffffffffu
+
+// Shared memory: one variable per block, and the launch's dynamic shared memory (16-byte aligned).
+#define AMK_BLOCK_SHARED(type, name) __shared__ type name
+#define AMK_DYNAMIC_SHARED(name) extern __shared__ float4 name[]
+
+// ---------------------------------------------------------------- memory ordering
+// Acquire load at GPU scope: later loads of this thread (and, after a __syncthreads, of its
+// block) observe everything the releasing producer made visible.
+AMK_DEVICE unsigned amk_ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Release increment at GPU scope, issued by one thread after a __syncthreads: the fence
+// is cumulative over the block's stores that the barrier ordered before it.
+AMK_DEVICE void amk_release_add_gpu(unsigned* p, unsigned v) {
+  __threadfence();
+  atomicAdd(p, v);
+}
+
+AMK_DEVICE void amk_fence_gpu() { __threadfence(); }
+
+AMK_DEVICE int amk_ld_volatile(const volatile int* p) { return *p; }
+
+AMK_DEVICE void amk_nanosleep(unsigned ns) { __nanosleep(ns); }
+
+// Wall-clock nanoseconds (the global timer), for the spin budget.
+AMK_DEVICE unsigned long long amk_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Hint the L2 to fetch the line holding p (immutable data only).
+AMK_DEVICE void amk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// ---------------------------------------------------------------- warps
+AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }
+AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }
+
+AMK_DEVICE void amk_syncthreads() { __syncthreads(); }
+
+// ---------------------------------------------------------------- 16-byte loads
+struct amk_u32x4 {
+  unsigned x, y, z, w;
+};
+
+// 16-byte load of immutable data (weights): read-only path, no L1 allocation.
+AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
+  amk_u32x4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// ---------------------------------------------------------------- conversions
+// Exact round-to-nearest-even conversions, matching torch's .to(dtype).
+AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+
+AMK_DEVICE unsigned short amk_f32_to_bf16(float f) {
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+AMK_DEVICE float amk_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+AMK_DEVICE unsigned short amk_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// ---------------------------------------------------------------- exact arithmetic
+// Element-wise steps that the reference does as separate torch ops must not be contracted
+// into FMAs: these round each step exactly once, as torch does.
+AMK_DEVICE float amk_mul(float a, float b) { return __fmul_rn(a, b); }
+AMK_DEVICE float amk_add(float a, float b) { return __fadd_rn(a, b); }
+AMK_DEVICE float amk_sub(float a, float b) { return __fsub_rn(a, b); }
+AMK_DEVICE float amk_div(float a, float b) { return __fdiv_rn(a, b); }
+AMK_DEVICE float amk_rsqrt(float a) { return __fdiv_rn(1.0f, __fsqrt_rn(a)); }
+AMK_DEVICE float amk_exp(float a) { return expf(a); }
+AMK_DEVICE float amk_cos(float a) { return cosf(a); }
+AMK_DEVICE float amk_sin(float a) { return sinf(a); }
+AMK_DEVICE bool amk_isnan(float a) { return a != a; }
+AMK_DEVICE float amk_neg_inf() { return __int_as_float(0xff800000); }
+AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
+
+AMK_DEVICE void amk_syncwarp() { __syncwarp(); }

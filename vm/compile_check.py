@@ -1,0 +1,65 @@
+"""Compile the megakernel with nvcc for every NVIDIA target arch, warnings as errors.
+
+    python -m amk.vm.compile_check            # sm_80, sm_90, sm_120
+    python -m amk.vm.compile_check 90         # one arch
+
+No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
+block size (256 threads). tests/test_vm_compile.py runs the same check.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ARCHS = (80, 90, 120)
+DEFAULT_THREADS = 256
+
+
+def nvcc_path() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return str(default) if default.exists() else None
+
+
+def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS) -> list[str]:
+    from amk.vm.build import MAIN_SOURCE, source_dirs
+
+    vm_dir, ins_dir = source_dirs()
+    return [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}",
+            "-Werror", "all-warnings", "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall,-Wextra",
+            f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
+
+
+def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS) -> tuple[bool, str]:
+    """(ok, compiler output). ok is False on an error or on any warning line."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    output = (proc.stdout + proc.stderr).strip()
+    bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
+    return not bad, f"$ {' '.join(cmd)}\n{output}"
+
+
+def main(argv: list[str]) -> int:
+    archs = [int(a.removeprefix("sm_")) for a in argv] or list(ARCHS)
+    failed = 0
+    for arch in archs:
+        ok, out = nvcc_compile(arch)
+        print(f"sm_{arch}: {'ok' if ok else 'FAILED'}")
+        if not ok:
+            failed += 1
+            print(out)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,560 @@
+"""CudaVM: an accepted Program packed into device tables and run as one cooperative launch
+per decode step.
+
+    vm = CudaVM(program, tensors)              # tensors: WEIGHT/CONST contents by buffer name
+    out = vm.run_step(token, pos)              # {IO_OUTPUT name: tensor}, like ReferenceVM
+    ids = vm.generate(prompt_ids, 16)          # greedy, one launch per token, argmax on device
+
+It speaks the ReferenceVM's interface (run_step / step, generate, logits_for, reset,
+read_buffer), so callers can swap one for the other.
+
+Packing happens once: the task records, queues and buffer table (vm/tables.h layouts) are
+uploaded at construction; weights, KV caches and activations stay resident as torch
+tensors whose addresses the buffer table holds. A step only writes `token`/`pos` with
+torch ops on the device and launches.
+
+Counters are never reset between steps: the kernel's waits compare against
+(epoch - 1) * producers + threshold, and `epoch` advances by one per launch. After a
+failed step (or `reset`) the counters are zeroed and the epoch restarts at 1.
+
+Watchdog: every launch is bounded twice. The spinning thread of each block gives up
+after `spin_timeout_s` (device clock) and reports; the host polls the launch's completion
+event and, after `timeout_s`, raises an abort flag in mapped host memory that every
+spinning block polls. Either way the kernel exits, the VM resets its counters and raises
+`VMHangError`, and the process and the GPU stay usable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import math
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from amk.errors import AmkError
+from amk.schedule.ir import (
+    IMMUTABLE_KINDS,
+    MAX_INPUTS,
+    MAX_OUTPUTS,
+    MAX_WAITS,
+    BufferKind,
+    DType,
+    Epilogue,
+    Op,
+    Program,
+    ValidationResult,
+)
+from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
+
+
+class VMError(AmkError, RuntimeError):
+    """The device reported an error during a step (bad position, token, shape...)."""
+
+
+class VMHangError(VMError):
+    """A step did not finish: a wait timed out or the watchdog aborted the launch."""
+
+
+class VMRefused(AmkError, ValueError):
+    """The program or tensors cannot run on this VM (rejected by the validator, ...)."""
+
+
+# ---------------------------------------------------------------------- ABI mirror of vm/tables.h
+WARP = 32  # AMK_WARP_SIZE on NVIDIA
+ATTN_TILE = 64  # AMK_ATTN_TILE (instructions/attention.cuh)
+SCORE_CACHE_WORDS = 8192  # shared-memory words for cached attention scores per task
+ROLE_SLOTS = 32
+NIPARAM, NFPARAM = 16, 4
+STATUS_WORDS = 8
+
+# AmkRole, in order: the role strings of amk.schedule.opspec
+ROLES = ("w", "x", "gamma", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero", "bias", "residual",
+         "head_gamma", "inv_freq", "pos", "token", "table", "src", "q", "k", "v", "o", "ml", "gate",
+         "up", "a", "b", "logits", "partials")
+ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
+
+# AmkParamIndex
+PARAM_INDEX = {
+    "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
+    "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10,
+    "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
+    "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
+    "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
+    "P_HEADS_HEAD_DIM": 0, "P_HEADS_HEADS": 1, "F_HEADS_EPS": 0,
+    "P_N": 0,
+    "P_ATTN_HEAD_DIM": 0, "P_ATTN_Q_HEADS": 1, "P_ATTN_SPLITS": 2, "P_ATTN_SPLIT": 3, "P_ATTN_BLOCK": 4,
+    "P_ATTN_SCORE_CAP": 5, "F_ATTN_SCALE": 0,
+}
+
+# AmkError
+ERRORS = {1: "spin timeout", 2: "aborted by the host watchdog", 3: "bad op or epilogue code",
+          4: "not enough shared memory", 5: "position outside the KV cache", 6: "token outside the vocabulary",
+          7: "unsupported dtype", 8: "params inconsistent with operands"}
+HANG_ERRORS = (1, 2)
+
+OPERAND_DTYPE = np.dtype([("off", "<i8"), ("stride", "<i8"), ("buf", "<i4"), ("len", "<i4"),
+                          ("count", "<i4"), ("kv", "<i4")])
+WAIT_DTYPE = np.dtype([("counter", "<i4"), ("threshold", "<u4"), ("producers", "<u4"), ("pad", "<i4")])
+TASK_DTYPE = np.dtype([
+    ("op", "<i4"), ("out_counter", "<i4"), ("n_in", "<i4"), ("n_out", "<i4"), ("n_wait", "<i4"), ("id", "<i4"),
+    ("prefetch_in", "<i4"), ("pad", "<i4"),
+    ("waits", WAIT_DTYPE, (MAX_WAITS,)),
+    ("role", "i1", (ROLE_SLOTS,)),
+    ("ip", "<i4", (NIPARAM,)),
+    ("fp", "<f4", (NFPARAM,)),
+    ("in", OPERAND_DTYPE, (MAX_INPUTS,)),
+    ("out", OPERAND_DTYPE, (MAX_OUTPUTS,)),
+])
+BUFFER_DTYPE = np.dtype([("ptr", "<u8"), ("numel", "<i8"), ("width", "<i8"), ("rows", "<i8"), ("dtype", "<i4"),
+                         ("kind", "<i4"), ("group", "<i4"), ("pad", "<i4")])
+
+TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16,
+               DType.I32: torch.int32, DType.I8: torch.int8, DType.U4: torch.uint8}
+POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"), DType.I32: -(2**31)}
+GEMV_PREFETCH_ROLES = ("w", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero")
+
+
+# ---------------------------------------------------------------------- packing (host only, no GPU)
+def _P(name: str) -> int:
+    return PARAM_INDEX[name]
+
+
+def attn_score_cap(p, kv_capacity: int) -> int:
+    """Scores per q head an ATTN_PARTIAL keeps in shared memory: its largest chunk, bounded."""
+    if kv_capacity <= 0:
+        return 0
+    chunk = math.ceil(math.ceil(kv_capacity / p.splits) / p.block) * p.block
+    return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
+
+
+def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
+    op = p.op
+    if op in (Op.GEMV, Op.REDUCE):
+        ip[_P("P_ROWS")], ip[_P("P_EPILOGUE")], ip[_P("P_HAS_BIAS")] = p.rows, int(p.epilogue), int(p.has_bias)
+        ip[_P("P_HEAD_DIM")], ip[_P("P_HAS_HEAD_NORM")] = p.head_dim, int(p.head_norm_eps is not None)
+        ip[_P("P_SPLIT_K")] = p.split_k
+        fp[_P("F_HEAD_NORM_EPS")] = p.head_norm_eps or 0.0
+        if op == Op.GEMV:
+            ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
+            ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
+            fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
+    elif op == Op.EMBED:
+        ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
+    elif op == Op.RMSNORM:
+        ip[_P("P_NORM_HIDDEN")], ip[_P("P_NORM_COL")], fp[_P("F_NORM_EPS_RMS")] = p.hidden, p.col, p.eps
+    elif op in (Op.ROPE, Op.HEAD_NORM):
+        ip[_P("P_HEADS_HEAD_DIM")], ip[_P("P_HEADS_HEADS")] = p.head_dim, p.heads
+        if op == Op.HEAD_NORM:
+            fp[_P("F_HEADS_EPS")] = p.eps
+    elif op in (Op.KV_APPEND, Op.SILU_MUL, Op.ADD, Op.ARGMAX):
+        ip[_P("P_N")] = p.n
+    elif op in (Op.ATTN_PARTIAL, Op.ATTN_COMBINE):
+        ip[_P("P_ATTN_HEAD_DIM")], ip[_P("P_ATTN_Q_HEADS")], ip[_P("P_ATTN_SPLITS")] = p.head_dim, p.q_heads, p.splits
+        if op == Op.ATTN_PARTIAL:
+            ip[_P("P_ATTN_SPLIT")], ip[_P("P_ATTN_BLOCK")] = p.split, p.block
+            ip[_P("P_ATTN_SCORE_CAP")] = attn_score_cap(p, kv_capacity)
+            fp[_P("F_ATTN_SCALE")] = p.scale
+    else:  # pragma: no cover - ir.Op is closed
+        raise VMRefused(f"op {op!r} has no device packing")
+
+
+def smem_words(p, threads: int, kv_capacity: int) -> int:
+    """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions."""
+    op, nwarps = p.op, threads // WARP
+    r4 = lambda n: (n + 3) & ~3  # noqa: E731
+    if op == Op.GEMV:
+        return r4(p.k_hi - p.k_lo) + r4(p.rows * gemv_rows_width(p)) + WARP
+    if op == Op.REDUCE:
+        return p.rows * gemv_rows_width(p)
+    if op in (Op.ROPE, Op.HEAD_NORM):
+        return p.heads * p.head_dim
+    if op == Op.RMSNORM:
+        return WARP
+    if op == Op.ARGMAX:
+        return 2 * WARP
+    if op == Op.ATTN_PARTIAL:
+        qh, hd = p.q_heads, p.head_dim
+        return 2 * qh * hd + 2 * qh + nwarps * qh + qh * ATTN_TILE + qh * attn_score_cap(p, kv_capacity)
+    return 0
+
+
+class PackedProgram:
+    """The device tables of a Program as numpy arrays (no GPU needed).
+
+    tasks: TASK_DTYPE [n_tasks]; queue_start: int32 [n_queues + 1]; queue_tasks: int32
+    (task indices, queue after queue); producers: tasks signalling each counter per step;
+    buffer_index: Buffer.id -> row of the buffer table; smem_bytes: the launch's dynamic
+    shared memory (the largest task's need)."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        threads = program.threads_per_block
+        self.buffer_index = {b.id: i for i, b in enumerate(program.buffers)}
+        self.counter_index = {c.id: i for i, c in enumerate(program.counters)}
+        task_index = {t.id: i for i, t in enumerate(program.tasks)}
+        producers = np.zeros(len(program.counters), dtype=np.int64)
+        for t in program.tasks:
+            producers[self.counter_index[t.out_counter]] += 1
+        self.producers = producers
+
+        recs = np.zeros(len(program.tasks), dtype=TASK_DTYPE)
+        words = 0
+        for i, t in enumerate(program.tasks):
+            rec = recs[i]
+            p = t.params
+            wdtype = program.buffers[self.buffer_index[t.inputs[0].buf]].dtype if p.op == Op.GEMV and t.inputs else DType.F32
+            iroles, oroles = input_roles(p, wdtype), output_roles(p)
+            if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
+                raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
+            rec["op"], rec["id"] = int(p.op), t.id
+            rec["out_counter"] = self.counter_index[t.out_counter]
+            rec["n_in"], rec["n_out"], rec["n_wait"] = len(t.inputs), len(t.outputs), len(t.waits)
+            rec["role"][:] = -1
+            mask = 0
+            for s, (role, o) in enumerate(zip(iroles, t.inputs)):
+                rec["role"][ROLE_CODE[role]] = s
+                self._operand(rec["in"][s], o)
+                if p.op == Op.GEMV and role in GEMV_PREFETCH_ROLES:
+                    if program.buffers[self.buffer_index[o.buf]].kind not in IMMUTABLE_KINDS:
+                        raise VMRefused(f"task {t.id} {t.name!r}: GEMV {role} must be a WEIGHT or CONST buffer "
+                                        "(the kernel streams it through the read-only path)")
+                    mask |= 1 << s
+            rec["prefetch_in"] = mask
+            for s, o in enumerate(t.outputs):
+                self._operand(rec["out"][s], o)
+            for s, w in enumerate(t.waits):
+                c = self.counter_index[w.counter]
+                rec["waits"][s] = (c, w.threshold, producers[c], 0)
+            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
+            words = max(words, smem_words(p, threads, program.kv_capacity))
+        self.tasks = recs
+        self.smem_bytes = 4 * words
+        self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
+        self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
+        self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
+
+    def _operand(self, dst: np.ndarray, o) -> None:
+        dst["off"], dst["stride"], dst["len"], dst["count"] = o.off, o.stride, o.len, o.count
+        dst["buf"], dst["kv"] = self.buffer_index[o.buf], int(o.kv)
+
+    def buffer_table(self, pointers: dict[int, int]) -> np.ndarray:
+        """The buffer table for the given device addresses (Buffer.id -> pointer)."""
+        table = np.zeros(len(self.program.buffers), dtype=BUFFER_DTYPE)
+        for i, b in enumerate(self.program.buffers):
+            width = b.shape[-1] if b.shape else 1
+            table[i] = (pointers[b.id], b.numel, width, b.numel // max(width, 1), int(b.dtype), int(b.kind),
+                        b.group or 0, 0)
+        return table
+
+
+# ---------------------------------------------------------------------- the VM
+def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]) -> None:
+    if validation is None:
+        validation = importlib.import_module("amk.schedule.validate").validate(program)
+    if not validation.accepted:
+        raise VMRefused(f"CudaVM refuses program {program.name!r}: {validation.summary()}")
+
+
+def _bytes_to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8).copy()).to(device)
+
+
+class CudaVM:
+    def __init__(self, program: Program, tensors: dict[str, torch.Tensor], device: str | torch.device = "cuda", *,
+                 validation: Optional[ValidationResult] = None, timeout_s: float = 10.0,
+                 spin_timeout_s: Optional[float] = None, prefetch_depth: Optional[int] = None,
+                 poison_each_step: bool = False, _unsafe_skip_validation: bool = False):
+        """`tensors`: buffer name -> contents of every WEIGHT and CONST buffer (I8 as int8,
+        U4 as uint8 packed two per byte), on any device. `validation`: a result to honour
+        instead of running the validator. `timeout_s`: host watchdog per launch;
+        `spin_timeout_s`: device bound on one wait (default timeout_s / 2).
+        `prefetch_depth`: tasks ahead whose weights a block prefetches (default: the
+        program's meta['vm']['prefetch_depth'], else 1). `poison_each_step`: fill
+        activations/scratch/outputs with NaN before every step, as the ReferenceVM does."""
+        if not _unsafe_skip_validation:
+            _refuse_if_rejected(program, validation)
+        if not torch.cuda.is_available():
+            raise VMRefused("CudaVM needs a CUDA device (torch.cuda.is_available() is False)")
+        import cupy
+
+        from amk.vm import build
+
+        self._cupy = cupy
+        self.program = program
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.timeout_s = float(timeout_s)
+        self.spin_timeout_s = float(spin_timeout_s if spin_timeout_s is not None else timeout_s / 2)
+        meta_depth = (program.meta.get("vm") or {}).get("prefetch_depth", 1) if isinstance(program.meta, dict) else 1
+        self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else meta_depth)
+        self.poison_each_step = poison_each_step
+        self._broken: Optional[str] = None
+
+        self.packed = PackedProgram(program)
+        self._by_name = {b.name: b for b in program.buffers}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._alloc(tensors)
+        dev = self.device
+        self._tasks = _bytes_to_device(self.packed.tasks, dev)
+        self._queue_start = torch.from_numpy(self.packed.queue_start).to(dev)
+        self._queue_tasks = torch.from_numpy(self.packed.queue_tasks if self.packed.queue_tasks.size else
+                                             np.zeros(1, np.int32)).to(dev)
+        ptrs = {b.id: self.tensors[b.name].data_ptr() for b in program.buffers}
+        self._buffer_table = _bytes_to_device(self.packed.buffer_table(ptrs), dev)
+        self._counters = torch.zeros(max(len(program.counters), 1), dtype=torch.int32, device=dev)
+        self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=dev)
+        self._status_host = torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=True)
+        self.epoch = 1
+
+        with cupy.cuda.Device(dev.index):
+            rt = cupy.cuda.runtime
+            # the abort flag: mapped pinned host memory the kernel reads through UVA
+            self._abort_ptr = rt.hostAlloc(64, rt.hostAllocMapped | rt.hostAllocPortable)
+            self._abort = ctypes.c_int32.from_address(self._abort_ptr)
+            self._abort.value = 0
+            self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
+                                             min_blocks=program.blocks_per_cu)
+            self._check_launchable(rt)
+        self._token = self._io_input("token")
+        self._pos = self._io_input("pos")
+        self.reset()
+
+    # ------------------------------------------------------------------ setup
+    def _alloc(self, given: dict[str, torch.Tensor]) -> None:
+        names = {b.name for b in self.program.buffers if b.kind in IMMUTABLE_KINDS}
+        missing, extra = names - given.keys(), given.keys() - names
+        if missing or extra:
+            raise VMRefused(f"tensors must be exactly the WEIGHT/CONST buffers; missing {sorted(missing)}, "
+                            f"unexpected {sorted(extra)}")
+        for b in self.program.buffers:
+            want = TORCH_DTYPE[b.dtype]
+            numel = (b.numel + 1) // 2 if b.dtype == DType.U4 else b.numel
+            if b.kind in IMMUTABLE_KINDS:
+                t = given[b.name]
+                if t.dtype != want:
+                    raise VMRefused(f"buffer {b.name} is {b.dtype.name}: expected a {want} tensor, got {t.dtype}")
+                t = t.detach().reshape(-1).to(self.device).contiguous()
+                if t.numel() != numel:
+                    raise VMRefused(f"buffer {b.name} needs {numel} elements of storage, tensor has {t.numel()}")
+            else:
+                if b.dtype not in POISON:
+                    raise VMRefused(f"buffer {b.name}: {b.dtype.name} is only supported for weights")
+                t = torch.empty(numel, dtype=want, device=self.device)
+            self.tensors[b.name] = t
+
+    def _io_input(self, name: str) -> Optional[torch.Tensor]:
+        b = self._by_name.get(name)
+        return self.tensors[name] if b is not None and b.kind == BufferKind.IO_INPUT else None
+
+    def _check_launchable(self, rt) -> None:
+        from cupy_backends.cuda.api import driver
+
+        idx = self.device.index
+        threads, nq = self.program.threads_per_block, len(self.program.queues)
+        if not rt.deviceGetAttribute(rt.cudaDevAttrCooperativeLaunch, idx):
+            raise VMRefused("this device does not support cooperative launches")
+        static = self._kernel.attributes["shared_size_bytes"]
+        optin = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, idx)
+        smem = self.packed.smem_bytes
+        if smem + static > optin:
+            raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static); "
+                            f"the device allows {optin} per block")
+        if smem > 48 * 1024:
+            self._kernel.max_dynamic_shared_size_bytes = smem
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
+        sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, idx)
+        if nq > per_sm * sms:
+            raise VMRefused(f"{nq} queues need co-resident blocks but only {per_sm} x {sms} SMs = {per_sm * sms} "
+                            f"blocks of {threads} threads with {smem} B shared memory fit")
+        self.max_coresident = per_sm * sms
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Forget the KV caches (poisoned) and restart the counters."""
+        for b in self.program.buffers:
+            if b.kind == BufferKind.KV_CACHE:
+                self.tensors[b.name].fill_(POISON[b.dtype])
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._counters.zero_()
+        self._status.zero_()
+        self.epoch = 1
+
+    def poison(self, inputs: bool = True) -> None:
+        """Fill activations, scratch and outputs (and IO inputs) with NaN / a sentinel, as the
+        ReferenceVM does before each step, so a read of anything the step never wrote shows."""
+        kinds = {BufferKind.ACTIVATION, BufferKind.SCRATCH, BufferKind.IO_OUTPUT}
+        if inputs:
+            kinds.add(BufferKind.IO_INPUT)
+        for b in self.program.buffers:
+            if b.kind in kinds:
+                self.tensors[b.name].fill_(POISON[b.dtype])
+
+    def read_buffer(self, name: str) -> torch.Tensor:
+        """A buffer's current contents (flat, its dtype; U4 packed), for inspection."""
+        return self.tensors[name].clone()
+
+    def close(self) -> None:
+        ptr, self._abort_ptr = getattr(self, "_abort_ptr", 0), 0
+        if ptr:
+            torch.cuda.synchronize(self.device)
+            self._cupy.cuda.runtime.freeHost(ptr)
+
+    def __del__(self):  # best effort; never raise from a finaliser
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ launching
+    def _launch(self, token: Optional[int], pos: int) -> torch.cuda.Event:
+        """Enqueue one step (token None: the token buffer already holds it); returns its event."""
+        if self._broken:
+            raise VMHangError(self._broken)
+        if self.poison_each_step:
+            self.poison(inputs=token is not None)  # a fed-back token must survive
+        if token is not None and self._token is not None:
+            self._token.fill_(int(token))
+        if self._pos is not None:
+            self._pos.fill_(int(pos))
+        cp = self._cupy
+        stream = torch.cuda.current_stream(self.device)
+        args = (
+            np.uint64(self._tasks.data_ptr()), np.uint64(self._queue_start.data_ptr()),
+            np.uint64(self._queue_tasks.data_ptr()), np.uint64(self._buffer_table.data_ptr()),
+            np.uint64(self._counters.data_ptr()), np.uint64(self._status.data_ptr()), np.uint64(self._abort_ptr),
+            np.uint32(self.epoch & 0xFFFFFFFF), np.uint64(int(self.spin_timeout_s * 1e9)),
+            np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth),
+        )
+        with cp.cuda.Device(self.device.index):
+            self._kernel((len(self.program.queues),), (self.program.threads_per_block,), args,
+                         shared_mem=self.packed.smem_bytes, stream=self._cupy_stream(stream))
+        self.epoch += 1
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        return ev
+
+    def _cupy_stream(self, stream: torch.cuda.Stream):
+        """CuPy's view of a torch stream (cached: one wrapper per stream)."""
+        cache = self.__dict__.setdefault("_streams", {})
+        key = stream.cuda_stream
+        if key not in cache:
+            try:  # the CUDA stream protocol (CuPy >= 14, torch streams with __cuda_stream__)
+                cache[key] = self._cupy.cuda.Stream.from_external(stream)
+            except (AttributeError, TypeError):
+                cache[key] = self._cupy.cuda.ExternalStream(key, self.device.index)
+        return cache[key]
+
+    def _wait(self, ev: torch.cuda.Event, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        delay = 2e-5
+        while not ev.query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        return True
+
+    def _finish(self, events: list[torch.cuda.Event]) -> None:
+        """Watch the launched steps in order; raise on a hang or a device error."""
+        stream = torch.cuda.current_stream(self.device)
+        self._status_host.copy_(self._status, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        aborted = False
+        for ev in events + [done]:
+            if not self._wait(ev, self.timeout_s):
+                aborted = True
+                self._abort.value = 1  # every spinning block polls this and leaves
+                break
+        if aborted and not self._wait(done, max(self.timeout_s, 5.0)):
+            self._broken = ("the megakernel did not exit after the watchdog abort; the GPU is wedged "
+                            "(restart the process)")
+            raise VMHangError(self._broken)
+        self._abort.value = 0
+        code = int(self._status_host[0])
+        if code == 0 and not aborted:
+            return
+        st = self._status_host.tolist()
+        self._reset_counters()
+        what = ERRORS.get(code, f"error {code}") if code else "watchdog timeout"
+        msg = (f"megakernel step failed: {what} (task {st[1]}, queue {st[2]}, detail {st[3]}, "
+               f"{st[4]}, {st[5]}; timeout {self.timeout_s:g}s)")
+        if aborted or code in HANG_ERRORS:
+            raise VMHangError(msg)
+        raise VMError(msg)
+
+    def _check_pos(self, pos: int) -> None:
+        cap = self.program.kv_capacity
+        if pos < 0 or (cap and pos >= cap):
+            raise ValueError(f"position {pos} outside [0, kv_capacity={cap})")
+
+    # ------------------------------------------------------------------ the ReferenceVM interface
+    def run_step(self, token: int, pos: int) -> dict[str, torch.Tensor]:
+        """One decode step: write `token`/`pos`, launch, return the IO_OUTPUT buffers by name
+        (copies on the device, shaped as declared)."""
+        self._check_pos(pos)
+        self._finish([self._launch(token, pos)])
+        return self.outputs()
+
+    step = run_step
+
+    def outputs(self) -> dict[str, torch.Tensor]:
+        return {b.name: self.tensors[b.name].clone().reshape(b.shape) for b in self.program.buffers
+                if b.kind == BufferKind.IO_OUTPUT}
+
+    def _next_token(self) -> torch.Tensor:
+        """The step's next token as an int32 device tensor of one element (no host sync)."""
+        if "next_token" in self.tensors and self._by_name["next_token"].kind == BufferKind.IO_OUTPUT:
+            return self.tensors["next_token"][:1]
+        if "logits" in self.tensors:
+            return torch.argmax(self.tensors["logits"].float()).reshape(1).to(torch.int32)
+        raise KeyError("program has neither a `next_token` nor a `logits` output")
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, *, progress: bool = False) -> list[int]:
+        """Greedy decoding from an empty cache: the prompt one token per launch (pos 0..),
+        then the program's own next token, fed back on the device (no host sync between
+        launches; the watchdog then follows the launches in order). Returns the new ids."""
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if max_new_tokens <= 0:
+            return []
+        steps = len(prompt_ids) + max_new_tokens - 1
+        self._check_pos(steps - 1)
+        self.reset()
+        new = torch.empty(max_new_tokens, dtype=torch.int32, device=self.device)
+        events = []
+        n = len(prompt_ids)
+        for pos in range(steps):
+            events.append(self._launch(prompt_ids[pos] if pos < n else None, pos))
+            if pos >= n - 1:
+                nxt = self._next_token()
+                new[pos - (n - 1)].copy_(nxt[0])
+                if self._token is not None and pos + 1 < steps:
+                    self._token.copy_(nxt)
+            if progress:
+                print(f"\rlaunched {pos + 1}/{steps}", end="", file=sys.stderr, flush=True)
+        self._finish(events)
+        if progress:
+            print(file=sys.stderr)
+        return [int(t) for t in new.tolist()]
+
+    def logits_for(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Teacher-forced logits [len(prompt_ids), vocab] (fp32), one launch per position."""
+        self._check_pos(len(prompt_ids) - 1)
+        self.reset()
+        vocab = self._by_name["logits"].numel
+        out = torch.empty(len(prompt_ids), vocab, dtype=torch.float32, device=self.device)
+        events = []
+        for pos, tok in enumerate(prompt_ids):
+            events.append(self._launch(tok, pos))
+            out[pos].copy_(self.tensors["logits"])
+        self._finish(events)
+        return out

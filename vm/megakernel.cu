@@ -1,0 +1,128 @@
+// The AMK megakernel: one persistent block per queue walks its tasks in order.
+//
+// Per task:  copy the record to shared memory -> prefetch immutable inputs into L2 (this
+//            task's, or prefetch_depth-1 tasks ahead) ->
+//            thread 0 spins (acquire) until every wait is met -> barrier -> dispatch the op
+//            -> barrier -> thread 0 releases +1 on the task's out_counter.
+//
+// Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
+// a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
+// is met at (epoch-1)*P + t, so nothing is reset or re-uploaded between steps.
+//
+// No wait is unbounded: the spinning thread gives up after `spin_timeout_ns`, when another
+// block has reported an error, or when the host watchdog raises `*host_abort` (mapped host
+// memory); the block then skips the rest of its queue and the step fails cleanly.
+//
+// Launched cooperatively (one block per queue, all co-resident) so that spinning on another
+// block's counter can never starve it of an SM. No grid-wide barrier is needed.
+#include "portability.h"
+#include "ops.cuh"
+
+#ifndef AMK_BLOCK_THREADS
+#define AMK_BLOCK_THREADS 1024
+#endif
+#ifndef AMK_MIN_BLOCKS
+#define AMK_MIN_BLOCKS 1  // persistent blocks per SM (Program.blocks_per_cu)
+#endif
+#ifndef AMK_PREFETCH_MAX_LINES
+#define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
+#endif
+
+static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
+
+// Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in); all threads.
+// Reads the record from the global table: it may be a task further down the queue.
+AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs) {
+  long long done = 0;
+  const int mask = t->prefetch_in;
+  for (int s = 0; s < t->n_in && mask != 0 && done < AMK_PREFETCH_MAX_LINES; ++s) {
+    if (!((mask >> s) & 1)) continue;
+    const AmkOperand& o = t->in[s];
+    const AmkBuffer& b = bufs[o.buf];
+    const int bits = b.dtype == AMK_DTYPE_U4 ? 4 : b.dtype == AMK_DTYPE_I8 ? 8
+                   : (b.dtype == AMK_DTYPE_F16 || b.dtype == AMK_DTYPE_BF16) ? 16 : 32;
+    const long long run_bytes = ((long long)o.len * bits + 7) / 8;
+    const long long lines = run_bytes / 128 + 2;  // a run may straddle one extra line
+    const long long total = lines * (o.count > 0 ? o.count : 1);
+    for (long long i = threadIdx.x; i < total && done + i < AMK_PREFETCH_MAX_LINES; i += blockDim.x) {
+      const long long run = i / lines, line = i - run * lines;
+      const long long first = (o.off + run * o.stride) * bits / 8;
+      const long long byte = (first & ~127ll) + line * 128;
+      if (byte < first + run_bytes) amk_prefetch_l2((const char*)b.ptr + byte);
+    }
+    done += total;
+  }
+}
+
+// Thread 0 only: wait until every counter of the task has reached its threshold.
+AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned epoch,
+                             unsigned long long timeout_ns, const int* host_abort) {
+  const AmkTask& t = *c.t;
+  for (int w = 0; w < t.n_wait; ++w) {
+    const AmkWait& wt = t.waits[w];
+    const unsigned target = (epoch - 1u) * wt.producers + wt.threshold;
+    const unsigned* p = counters + wt.counter;
+    unsigned v = amk_ld_acquire_gpu(p);
+    if ((int)(v - target) >= 0) continue;
+    const unsigned long long t0 = amk_timer_ns();
+    unsigned ns = 32, iter = 0;
+    for (;;) {
+      amk_nanosleep(ns);
+      if (ns < 256) ns <<= 1;
+      v = amk_ld_acquire_gpu(p);
+      if ((int)(v - target) >= 0) break;
+      if ((++iter & 63) == 0) {  // every ~10 us: give up on another block's error, an abort, the budget
+        if (amk_ld_volatile(&c.status[AMK_ST_CODE]) != 0) return false;
+        if (host_abort != nullptr && amk_ld_volatile(host_abort) != 0) {
+          amk_report(c, AMK_ERR_ABORTED, wt.counter, v, target);
+          return false;
+        }
+        if (amk_timer_ns() - t0 > timeout_ns) {
+          amk_report(c, AMK_ERR_SPIN_TIMEOUT, wt.counter, v, target);
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+extern "C" AMK_KERNEL(AMK_BLOCK_THREADS, AMK_MIN_BLOCKS)
+amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_start,
+               const int* __restrict__ queue_tasks, const AmkBuffer* __restrict__ bufs,
+               unsigned* counters, int* status, const int* host_abort, unsigned epoch,
+               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth) {
+  AMK_DYNAMIC_SHARED(amk_dyn_smem);
+  AMK_BLOCK_SHARED(AmkTask, s_task);
+  AMK_BLOCK_SHARED(int, s_go);
+
+  AmkCtx c;
+  c.t = &s_task;
+  c.bufs = bufs;
+  c.smem = (float*)amk_dyn_smem;
+  c.smem_words = smem_bytes / 4;
+  c.status = status;
+  c.queue = blockIdx.x;
+
+  const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
+  for (int qi = q0; qi < q1; ++qi) {
+    const int* src = (const int*)(tasks + queue_tasks[qi]);
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
+    amk_syncthreads();
+    const int out_counter = s_task.out_counter;
+
+    // Weights are immutable: start fetching them before waiting. Each task is prefetched
+    // once, prefetch_depth - 1 tasks ahead of its turn (the first ones at queue start).
+    if (prefetch_depth > 0) {
+      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+      for (int a = first; a < last; ++a) amk_prefetch_task(tasks + queue_tasks[a], bufs);
+    }
+    if (threadIdx.x == 0) s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
+    amk_syncthreads();
+    if (!s_go) break;
+
+    amk_dispatch(c);
+    amk_syncthreads();
+    if (threadIdx.x == 0) amk_release_add_gpu(&counters[out_counter], 1u);
+  }
+}

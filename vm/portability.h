@@ -1,0 +1,48 @@
+// The vendor seam: everything above this header is vendor-neutral device code.
+//
+// Per-architecture primitives live in their own header with the same function names:
+//   vm/arch_cuda.h  NVIDIA (PTX: ld.acquire.gpu, globaltimer, cvt.rn.bf16, ...)
+//   vm/arch_hip.h   AMD (added later: __hip_atomic_* with __HIP_MEMORY_SCOPE_AGENT, ...)
+// Each provides: AMK_DEVICE, AMK_WARP_SIZE (overridable with -DAMK_WARP_SIZE=..),
+// amk_ld_acquire_gpu, amk_release_add_gpu, amk_fence_gpu, amk_ld_volatile, amk_nanosleep,
+// amk_timer_ns, amk_prefetch_l2, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
+// amk_ld16_weight, bf16/f16 <-> f32 conversions and the exact arithmetic helpers, and the
+// shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).
+#pragma once
+
+#if defined(AMK_ARCH_EMU)
+#include "arch_emu.h"  // host emulation for CPU tests (tests/emu/): one OS thread per GPU thread
+#elif defined(__HIPCC__) || defined(__HIPCC_RTC__)
+#include "arch_hip.h"
+#else
+#include "arch_cuda.h"
+#endif
+
+#include "tables.h"
+
+// ---------------------------------------------------------------- reductions
+AMK_DEVICE float amk_warp_sum(float v) {
+#pragma unroll
+  for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) v += amk_shfl_xor(v, m);
+  return v;
+}
+
+AMK_DEVICE float amk_warp_max(float v) {
+#pragma unroll
+  for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) v = fmaxf(v, amk_shfl_xor(v, m));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `red` is >= 32 floats of shared memory.
+// Contains barriers: call from all threads of the block.
+AMK_DEVICE float amk_block_sum(float v, float* red) {
+  const int lane = threadIdx.x % AMK_WARP_SIZE, warp = threadIdx.x / AMK_WARP_SIZE;
+  const int nwarps = (blockDim.x + AMK_WARP_SIZE - 1) / AMK_WARP_SIZE;
+  v = amk_warp_sum(v);
+  amk_syncthreads();  // red may still be read by a previous reduction
+  if (lane == 0) red[warp] = v;
+  amk_syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < nwarps; ++w) s += red[w];  // same order in every thread
+  return s;
+}
