@@ -92,14 +92,14 @@ def main(argv=None) -> int:
         rows.append(zoo_row(name, zoo[name], args.queues))
         print(json.dumps(rows[-1]), flush=True)
     from amk.commands.common import write_atomic
-    from amk.eval.validator_speed import _cpu, _git_commit
+    from amk.eval.provenance import cpu_name, git_commit
 
     doc = {"command": "python -m amk.eval.coverage " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "commit": _git_commit(), "machine": _cpu(), "logit_tol": LOGIT_TOL, "ppl_rel_tol": PPL_REL_TOL, "rows": rows,
+           "commit": git_commit(), "machine": cpu_name(), "logit_tol": LOGIT_TOL, "ppl_rel_tol": PPL_REL_TOL, "rows": rows,
            "all_pass": all(r["pass"] for r in rows)}
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "coverage.json", json.dumps(doc, indent=2) + "\n")
-    lines = [f"# Coverage zoo (CPU ReferenceVM vs HF eager, fp32)", "",
+    lines = ["# Coverage zoo (CPU ReferenceVM vs HF eager, fp32)", "",
              f"Command: `{doc['command']}` (commit {doc['commit'][:12]}, {doc['machine']})", "",
              "| model | family | L | hidden | heads/kv | hd | tied | tasks | logits max-abs | greedy | ppl rel err | pass |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -22,11 +22,12 @@ are spawned processes; each caches the handful of base lowerings it mutates.
 
 from __future__ import annotations
 
+from amk.eval.provenance import cpu_name, git_commit
+
 import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 import traceback
@@ -312,26 +313,8 @@ def _count(xs: Iterable[str]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _git_commit() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               check=True, cwd=here).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
 def _machine(workers: int) -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu, "cores_allowed": allowed, "workers": workers, "python": platform.python_version(),
             "platform": platform.platform()}
@@ -348,7 +331,7 @@ def report(records: list[Record], wall: float, *, command: str, seed: int, class
     cpu = sum(r.cpu for r in records)
     return {
         "command": command,
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "machine": _machine(workers),
         "seed": seed,
         "schedules": len(records),

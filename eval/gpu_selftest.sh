@@ -11,22 +11,7 @@ OUT=${OUT:-$ROOT/out/gpu_selftest}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 
-# Python packages the GPU image lacks (pydantic, ...), from wheels carried in .whl/
-SITE=/tmp/amk_site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    >"$OUT/pip.txt" 2>&1 || echo "warning: wheel install failed (see pip.txt)"
-fi
-# The repo's folders are the subpackages of `amk` (pyproject's package-dir): a shim package
-# maps them without installing anything.
-SHIM=/tmp/amk_shim
-mkdir -p "$SHIM/amk"
-cat >"$SHIM/amk/__init__.py" <<PYEOF
-__path__ = [r"$ROOT/amk", r"$ROOT"]
-exec(compile(open(r"$ROOT/amk/__init__.py").read(), r"$ROOT/amk/__init__.py", "exec"))
-PYEOF
-export PYTHONPATH="$SHIM:$SITE:${PYTHONPATH:-}"
-export AMK_KERNEL_CACHE=${AMK_KERNEL_CACHE:-/tmp/amk_kernels}
+source "$ROOT/eval/device_env.sh"
 
 {
   date -u

@@ -14,11 +14,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from amk.eval.provenance import cpu_name, git_commit
 from amk.eval.synthetic import layered_program
 from amk.schedule.validate import validate
 
@@ -30,24 +30,6 @@ def _timed(fn, repeats: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t)
     return out
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def measure(repeats: int = 5, extra: dict | None = None) -> dict:
@@ -84,7 +66,7 @@ def main(argv=None) -> int:
     rows = measure(args.repeats)
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     doc = {"command": "python -m amk.eval.validator_speed " + " ".join(argv or sys.argv[1:]),
-           "commit": _git_commit(), "machine": {"cpu": _cpu(), "cores_allowed": affinity, "python": platform.python_version()},
+           "commit": git_commit(), "machine": {"cpu": cpu_name(), "cores_allowed": affinity, "python": platform.python_version()},
            "results": rows}
     from amk.commands.common import write_atomic
 

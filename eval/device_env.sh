@@ -1,0 +1,17 @@
+# Source on the lent GPU machine: installs the carried wheels (.whl/) and maps the repo onto
+# the `amk` package without installing it (the top-level folders are amk's subpackages).
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+SITE=/tmp/amk_site
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -d "$SITE/pydantic" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$ROOT"/.whl/*.whl \
+    || echo "warning: wheel install failed"
+fi
+SHIM=/tmp/amk_shim
+mkdir -p "$SHIM/amk"
+cat >"$SHIM/amk/__init__.py" <<PYEOF
+__path__ = [r"$ROOT/amk", r"$ROOT"]
+exec(compile(open(r"$ROOT/amk/__init__.py").read(), r"$ROOT/amk/__init__.py", "exec"))
+PYEOF
+export PYTHONPATH="$SHIM:$SITE:${PYTHONPATH:-}"
+export AMK_KERNEL_CACHE=${AMK_KERNEL_CACHE:-/tmp/amk_kernels}
+export PYTHONUNBUFFERED=1
