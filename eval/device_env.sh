@@ -15,3 +15,5 @@ PYEOF
 export PYTHONPATH="$SHIM:$SITE:${PYTHONPATH:-}"
 export AMK_KERNEL_CACHE=${AMK_KERNEL_CACHE:-/tmp/amk_kernels}
 export PYTHONUNBUFFERED=1
+# never let the working directory shadow the shim: ./amk is only part of the package
+export PYTHONSAFEPATH=1
