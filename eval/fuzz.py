@@ -365,6 +365,27 @@ def _entry(r: Record, seed: int) -> dict:
             "replay": f"amk fuzz --seed {seed} --replay {r.index}"}
 
 
+# Why a rule may reject a program the oracle finds safe (the 'every false reject explained' list)
+CONSERVATIVE_RULES = {
+    "partial-wait": "a counter with several producers must be waited on in full (DESIGN invariant 2). A partial wait "
+                    "is safe only when queue order happens to order the missing producers; the validator does not "
+                    "credit that, and it stops propagating that counter's happens-before, which is why race checks "
+                    "fire beside it.",
+    "self-wait": "a task may not wait on its own out_counter, even when its siblings alone could satisfy the threshold.",
+    "dataflow-cycle": "the producer->consumer graph must be acyclic counting every producer of a counter, even where a "
+                      "partial threshold could be met without the task on the cycle.",
+    "queue-order-deadlock": "data + queue-order edges must be acyclic counting every producer, as above.",
+    "threshold": "thresholds start at 1: a wait for 0 is always met, so it orders nothing and is a lowering bug.",
+    "tile-overlap": "tiles of one producer set must be disjoint, even where queue order serialises the overlapping "
+                    "tasks (the later write wins deterministically, but the result depends on placement).",
+    "tile-gap": "tiles of one producer set must leave no gap, even where the gap is never read.",
+    "read-after-write": "reported beside a partial wait, whose happens-before the validator does not credit.",
+    "write-after-read": "reported beside a partial wait, as above.",
+    "write-after-write": "reported beside a partial wait, as above.",
+    "kv-read-before-append": "reported beside a partial wait, as above.",
+}
+
+
 def markdown(doc: dict) -> str:
     t = doc["totals"]
     m = doc["machine"]
@@ -398,6 +419,11 @@ def markdown(doc: dict) -> str:
         for cls, k, n in fr:
             ex = next(e for e in doc["false_rejects"] if e["class"] == cls and ",".join(e["checks"]) == k)
             lines.append(f"| {cls} | {k} | {n} | #{ex['index']}: {ex['desc'][:90]} — {ex['reason'][:120]} |")
+        fired = sorted({c for _, k, _ in fr for c in k.split(",")})
+        lines += ["", "## Why these are rejected on purpose", "",
+                  "Every false reject comes from a rule that is deliberately stricter than execution requires, so that "
+                  "a program's safety never depends on an accident of placement:", ""]
+        lines += [f"- `{c}`: {CONSERVATIVE_RULES.get(c, 'see the violation reasons above')}" for c in fired]
     for title, key in (("False accepts", "false_accepts"), ("Real lowerings rejected", "real_rejected")):
         if doc[key]:
             lines += ["", f"## {title}", ""]

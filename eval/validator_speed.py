@@ -58,6 +58,15 @@ def measure(repeats: int = 5, extra: dict | None = None) -> dict:
     return rows
 
 
+def render_md(doc: dict) -> str:
+    rows, affinity = doc["results"], doc["machine"]["cores_allowed"]
+    s, b = rows["small_program"], rows["large_program"]
+    return (f"# Validator speed\n\nCommand: `{doc['command']}` (commit {doc['commit'][:12]}, {doc['machine']['cpu']}, "
+            f"{affinity} core(s) allowed)\n\n| program | tasks | result | target |\n|---|---|---|---|\n"
+            f"| layered ~300 | {s['tasks']} | {s['validations_per_second_median']:.0f} validations/s (median) | 2000/s |\n"
+            f"| layered 20k | {b['tasks']} | {b['seconds_median']:.3f} s (median) | 1.0 s |\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("paper_results"))
@@ -72,11 +81,7 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out / "validator_speed.json", json.dumps(doc, indent=2) + "\n")
-    s, b = rows["small_program"], rows["large_program"]
-    md = (f"# Validator speed\n\nCommand: `{doc['command']}` (commit {doc['commit'][:12]}, {doc['machine']['cpu']}, "
-          f"{affinity} core(s) allowed)\n\n| program | tasks | result | target |\n|---|---|---|---|\n"
-          f"| layered ~300 | {s['tasks']} | {s['validations_per_second_median']:.0f} validations/s (median of {args.repeats}) | 2000/s |\n"
-          f"| layered 20k | {b['tasks']} | {b['seconds_median']:.3f} s (median of {args.repeats}) | 1.0 s |\n")
+    md = render_md(doc)
     write_atomic(args.out / "validator_speed.md", md)
     print(md)
     return 0
