@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test gpu-test clean
+.PHONY: setup demo test test-all gpu-test clean
 
 $(BIN)/amk: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ demo: setup
 	$(BIN)/amk generate --prompt "The capital of France is" --max-new-tokens 16 --verify
 
 test: setup
+	$(BIN)/python -m pytest -m "not gpu and not slow" -n 2
+
+test-all: setup
 	$(BIN)/python -m pytest -m "not gpu" -n 2
 
 gpu-test: setup
