@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -32,8 +33,24 @@ class Megakernel:
     tensors: dict[str, torch.Tensor]
     config: ScheduleConfig
     source_weights: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)  # the importer's, for the oracle
-    tokenizer: Any = None
+    native: Any = field(default=None, repr=False)  # quant='gguf': the file's quantized tensors (NativeWeights)
+    # loads the tokenizer on first use (`tokenizer`): importing transformers costs seconds,
+    # so compiling never pays for it, only encoding or decoding text does
+    tokenizer_loader: Optional[Callable[[], Any]] = field(default=None, repr=False)
     _vms: dict[str, Any] = field(default_factory=dict, repr=False)
+    _tokenizer: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The HF tokenizer (None for a config-only model), loaded on first access."""
+        if self._tokenizer is None and self.tokenizer_loader is not None:
+            load, self.tokenizer_loader = self.tokenizer_loader, None
+            self._tokenizer = load()
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer, self.tokenizer_loader = value, None
 
     # -------------------------------------------------------------- prompts
     def encode(self, prompt: Union[str, Sequence[int]]) -> list[int]:
@@ -93,29 +110,40 @@ class Megakernel:
 
 def compile(model: Optional[str] = None, config: Optional[ScheduleConfig] = None, target: Union[str, GpuTarget, None] = None,
             *, dtype: Optional[str] = None, random_init: bool = False, seed: int = 0, kv_capacity: int = 2048,
-            progress: bool = False, loaded: Optional[tuple[ModelSpec, dict]] = None) -> Megakernel:
+            progress: bool = False, loaded: Optional[tuple] = None) -> Megakernel:
     """Import `model` (None = the embedded SmolLM2-135M), lower it for `target` under
     `config`, validate, and bind the weights. Raises `AmkError` subclasses for bad input,
-    unsupported models and (never expected) rejected lowerings."""
+    unsupported models and (never expected) rejected lowerings.
+
+    `config.quant == 'gguf'` (GGUF sources only) runs the file's Q8_0/Q4_0/Q4_1 matrices in
+    their own blocks; `loaded` is then `load_model(model, native_quant=True)`'s triple."""
     from amk.schedule.importer import load_model, load_tokenizer
     from amk.schedule.lower import bind_weights, lower
     from amk.schedule.targets import get_target
     from amk.schedule.validate import validate
 
     tgt = target if isinstance(target, GpuTarget) else _target(target, get_target)
-    spec, weights = loaded or load_model(model, random_init=random_init, seed=seed, dtype=dtype, progress=progress)
     cfg = config or ScheduleConfig()
+    gguf = cfg.quant == "gguf"
+    loaded = loaded or load_model(model, random_init=random_init, seed=seed, dtype=dtype, progress=progress,
+                                  native_quant=gguf)
+    spec, weights = loaded[0], loaded[1]
+    native = loaded[2] if len(loaded) > 2 else None
+    if gguf and native is None:
+        raise AmkError("quant='gguf' needs the GGUF file's quantized tensors: pass "
+                       "loaded=load_model(source, native_quant=True)")
+    native_tensors = native.tensors if native is not None else None
     if dtype is not None and cfg.dtype is None:
         cfg = cfg.model_copy(update={"dtype": dtype})
-    program = lower(spec, cfg, tgt, kv_capacity=kv_capacity)
+    program = lower(spec, cfg, tgt, kv_capacity=kv_capacity, native=native_tensors)
     result = validate(program)
     if not result.accepted:
         raise ProgramRejected("the lowering produced a program the validator rejects (a compiler bug): "
                               + "; ".join(f"[{v.check}] {v.reason}" for v in result.violations[:3]))
-    tensors = bind_weights(program, spec, weights)
-    tokenizer = None if random_init else load_tokenizer(model)
+    tensors = bind_weights(program, spec, weights, native=native_tensors)
+    loader = None if random_init else functools.partial(load_tokenizer, model)  # loaded on first use
     return Megakernel(spec=spec, program=program, validation=result, tensors=tensors, config=cfg,
-                      source_weights=weights, tokenizer=tokenizer)
+                      source_weights=weights, native=native, tokenizer_loader=loader)
 
 
 def _target(name, get_target) -> GpuTarget:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from amk.schedule.ir import MAX_KV_SPLITS, MAX_QUEUES
 
 Auto = Literal["auto"]
-QuantMode = Literal["none", "int8", "int4"]
+QuantMode = Literal["none", "int8", "int4", "gguf"]
 ProgramDType = Literal["float32", "bfloat16", "float16"]
 SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
@@ -105,17 +105,22 @@ class ScheduleConfig(BaseModel):
     quant: QuantMode = Field(
         "none",
         description="Weight-only quantization of the linear layers: int8 (symmetric, I8 codes x "
-        "scale) or int4 (asymmetric, U4 codes x scale + group minimum).",
+        "scale) or int4 (asymmetric, U4 codes x scale + group minimum), round-to-nearest from the "
+        "float weights; or 'gguf' (GGUF sources only): every matrix the file holds as Q8_0 / Q4_0 / "
+        "Q4_1 runs in its own blocks, undequantized (I8 / U4, group 32, the file's f16 scales), and "
+        "every other matrix stays float (load_model(..., native_quant=True) supplies the blocks).",
     )
     quant_group: Union[Literal[32, 64, 128], Literal["channel"]] = Field(
         128,
         description="Quantization group along K (32/64/128; halved per matrix until it divides "
-        "K); 'channel' = one group per output row (int8 only).",
+        "K); 'channel' = one group per output row (int8 only). quant='gguf' takes the file's "
+        "blocks of 32 (set automatically; any other value is refused).",
     )
     quant_lm_head: bool = Field(
         False,
         description="Quantize the LM head too (a tied head gets a separate quantized copy "
-        "'lm_head.q'); needs quant != 'none'.",
+        "'lm_head.q'; with quant='gguf' that copy is the file's own blocks of the embedding or "
+        "output tensor, where the file quantizes it in a native type); needs quant != 'none'.",
     )
     quant_unpack: int = Field(
         0, ge=0, le=3,
@@ -163,8 +168,18 @@ class ScheduleConfig(BaseModel):
             raise ValueError(f"explicit_queues entries must be in 0..{MAX_QUEUES - 1}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gguf_group(cls, data):
+        """quant='gguf' fixes the group to the GGUF block size unless one is given."""
+        if isinstance(data, dict) and data.get("quant") == "gguf" and "quant_group" not in data:
+            data = {**data, "quant_group": 32}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self):
+        if self.quant == "gguf" and self.quant_group != 32:
+            raise ValueError("quant='gguf' uses the file's blocks of 32: quant_group must be 32")
         if (self.sm_assignment == "explicit") != (self.explicit_queues is not None):
             raise ValueError("explicit_queues is given exactly when sm_assignment == 'explicit'")
         if self.quant_group == "channel":
@@ -189,6 +204,7 @@ PRESETS: dict[str, ScheduleConfig] = {
     "int8_g128": ScheduleConfig(quant="int8", quant_group=128),
     "int4": ScheduleConfig(quant="int4", quant_group=64),
     "int4_all": ScheduleConfig(quant="int4", quant_group=64, quant_lm_head=True),
+    "gguf": ScheduleConfig(quant="gguf", quant_lm_head=True),  # GGUF sources only
 }
 
 

@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Optional
 
 from amk.schedule.ir import MAX_WAITS, BufferKind, KvMode, Operand
 
 UNTRACKED = frozenset({BufferKind.WEIGHT, BufferKind.CONST, BufferKind.IO_INPUT})
 Intervals = list[tuple[int, int]]
+Access = tuple[int, bool, Intervals]  # (buffer id, is a write, intervals), tracked buffers only
+_KV_NONE = KvMode.NONE  # hoisted: an enum member lookup is slow in the hot loops
 
 
 def intervals(o: Operand) -> Intervals:
     """The elements an operand touches as sorted disjoint half-open intervals."""
-    if o.kv != KvMode.NONE or o.count <= 1:
-        return [(o.off, o.off + o.len)]
-    if o.stride <= o.len:
-        return [(o.off, o.off + (o.count - 1) * o.stride + o.len)]
-    return [(o.off + c * o.stride, o.off + c * o.stride + o.len) for c in range(o.count)]
+    off, n, count = o.off, o.len, o.count
+    if count <= 1 or o.kv != _KV_NONE:
+        return [(off, off + n)]
+    stride = o.stride
+    if stride <= n:
+        return [(off, off + (count - 1) * stride + n)]
+    return [(off + c * stride, off + c * stride + n) for c in range(count)]
 
 
 def merge(ivs: Intervals) -> Intervals:
@@ -59,6 +64,9 @@ def overlaps(a: Intervals, b: Intervals) -> bool:
 
 def covered(inner: Intervals, outer: Intervals) -> bool:
     """Every element of `inner` lies in `outer` (both merged)."""
+    if len(outer) == 1:
+        lo, hi = outer[0]
+        return all(lo <= a and b <= hi for a, b in inner)
     starts = [lo for lo, _ in outer]
     for lo, hi in inner:
         k = bisect.bisect_right(starts, lo) - 1
@@ -83,67 +91,93 @@ class HazardTracker:
     def tracked(self, buf: int) -> bool:
         return self.kinds[buf] not in UNTRACKED
 
-    def deps(self, inputs: list[Operand], outputs: list[Operand]) -> list[int]:
-        """Groups this task must wait on (transitively reduced), ascending."""
+    def accesses(self, inputs: list[Operand], outputs: list[Operand]) -> list[Access]:
+        """A task's accesses to tracked buffers (reads, then writes), computed once for
+        `deps` and `commit`."""
+        kinds = self.kinds
+        out = [(o.buf, False, intervals(o)) for o in inputs if kinds[o.buf] not in UNTRACKED]
+        out += [(o.buf, True, intervals(o)) for o in outputs if kinds[o.buf] not in UNTRACKED]
+        return out
+
+    def deps(self, inputs: list[Operand], outputs: list[Operand],
+             accesses: Optional[list[Access]] = None) -> list[int]:
+        """Groups this task must wait on (transitively reduced), ascending. `accesses`:
+        `self.accesses(inputs, outputs)`, if the caller already has it."""
+        if accesses is None:
+            accesses = self.accesses(inputs, outputs)
         found: set[int] = set()
-        for ops, write in ((inputs, False), (outputs, True)):
-            for o in ops:
-                if not self.tracked(o.buf):
-                    continue
-                ivs = intervals(o)
-                for rec in self.log.get(o.buf, ()):
-                    if (write or rec.write) and rec.group not in found and overlaps(ivs, rec.ivs):
+        log = self.log
+        for buf, write, ivs in accesses:
+            recs = log.get(buf)
+            if not recs:
+                continue
+            single = len(ivs) == 1
+            lo, hi = ivs[0][0], ivs[-1][1]
+            for rec in recs:
+                if (write or rec.write) and rec.group not in found:
+                    r = rec.ivs
+                    if lo < r[-1][1] and r[0][0] < hi and ((single and len(r) == 1) or overlaps(ivs, r)):
                         found.add(rec.group)
+        if not found:
+            return []
+        ancestors = self.ancestors
         implied = 0  # a group is implied if it is an ancestor of another found group
         for e in found:
-            implied |= self.ancestors[e]
+            implied |= ancestors[e]
         reduced = [g for g in found if not (implied >> g) & 1]
         if len(reduced) > MAX_WAITS:
             raise RuntimeError(f"a task needs {len(reduced)} waits (> MAX_WAITS={MAX_WAITS}): {sorted(reduced)}")
         return sorted(reduced)
 
-    def commit(self, group: int, tasks: list[tuple[list[Operand], list[Operand], list[int]]]) -> None:
-        """Record a finished group: its tasks' (inputs, outputs, deps)."""
+    def commit(self, group: int, tasks: list[tuple]) -> None:
+        """Record a finished group: its tasks' (inputs, outputs, deps), each optionally with
+        a fourth item, its `accesses(inputs, outputs)`."""
         assert group == len(self.ancestors)
+        accs = [t[3] if len(t) > 3 else self.accesses(t[0], t[1]) for t in tasks]
+        ancestors = self.ancestors
         anc = 0
+        seen: set[int] = set()
+        for t in tasks:
+            for d in t[2]:
+                if d not in seen:
+                    seen.add(d)
+                    anc |= (1 << d) | ancestors[d]
         reads: dict[int, Intervals] = {}
         writes: dict[int, Intervals] = {}
-        for inputs, outputs, deps in tasks:
-            for d in deps:
-                anc |= (1 << d) | self.ancestors[d]
-            for ops, acc in ((inputs, reads), (outputs, writes)):
-                for o in ops:
-                    if self.tracked(o.buf):
-                        acc.setdefault(o.buf, []).extend(intervals(o))
-        self.ancestors.append(anc)
-        _check_disjoint(group, tasks, self.tracked)
+        for acc in accs:
+            for buf, write, ivs in acc:
+                (writes if write else reads).setdefault(buf, []).extend(ivs)
+        ancestors.append(anc)
+        _check_disjoint(group, accs)
+        log = self.log
         for buf, ivs in writes.items():
             w = merge(ivs)
             # older accesses wholly overwritten here are ordered before this group, and
             # every later conflicting access waits on this group: they can be forgotten
-            self.log[buf] = [r for r in self.log.get(buf, []) if not covered(r.ivs, w)]
-            self.log[buf].append(_Record(group, True, w))
+            log[buf] = [r for r in log.get(buf, ()) if not covered(r.ivs, w)]
+            log[buf].append(_Record(group, True, w))
         for buf, ivs in reads.items():
-            self.log.setdefault(buf, []).append(_Record(group, False, merge(ivs)))
+            log.setdefault(buf, []).append(_Record(group, False, merge(ivs)))
 
 
-def _check_disjoint(group, tasks, tracked) -> None:
+def _check_disjoint(group: int, accs: list[list[Access]]) -> None:
     """Tasks of one group run concurrently: no two may conflict (a task may read what it
     writes itself, e.g. an in-place residual add). O(n log n) per buffer."""
     reads: dict[int, list[tuple[int, int, int]]] = {}
     writes: dict[int, list[tuple[int, int, int]]] = {}
-    for t, (inputs, outputs, _) in enumerate(tasks):
-        for ops, acc in ((inputs, reads), (outputs, writes)):
-            for o in ops:
-                if tracked(o.buf):
-                    acc.setdefault(o.buf, []).extend((lo, hi, t) for lo, hi in intervals(o))
+    for t, acc in enumerate(accs):
+        for buf, write, ivs in acc:
+            (writes if write else reads).setdefault(buf, []).extend((lo, hi, t) for lo, hi in ivs)
     for buf, ws in writes.items():
         ws.sort()
         for (_, h0, t0), (l1, _, t1) in zip(ws, ws[1:]):
             if l1 < h0 and t0 != t1:
                 raise RuntimeError(f"group {group}: tasks {t0} and {t1} both write buffer {buf} at {l1}")
+        rs = reads.get(buf)
+        if not rs:
+            continue
         starts, ends = [w[0] for w in ws], [w[1] for w in ws]
-        for lo, hi, t in reads.get(buf, ()):
+        for lo, hi, t in rs:
             for k in range(bisect.bisect_right(ends, lo), bisect.bisect_left(starts, hi)):
                 if ws[k][2] != t:
                     raise RuntimeError(f"group {group}: task {t} reads buffer {buf} at [{lo}, {hi}) "

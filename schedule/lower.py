@@ -18,9 +18,10 @@ layers and every reuse is ordered. Queues come from `placement.assign`.
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from amk.schedule import placement
 from amk.schedule.config import ScheduleConfig
@@ -55,10 +56,17 @@ from amk.schedule.ir import (
     Wait,
 )
 from amk.schedule.modelspec import ModelSpec
-from amk.schedule.quantize import group_for
+from amk.schedule.quantize import QuantizedWeight, group_for
 from amk.schedule.stats import program_stats
 from amk.schedule.targets import coresident_blocks
-from amk.schedule.weights import INV_FREQ, LM_HEAD_Q, bind_weights, rope_inv_freq  # noqa: F401 (re-exported)
+from amk.schedule.weights import (  # noqa: F401 (re-exported)
+    COMPANION_DTYPES,
+    INV_FREQ,
+    LM_HEAD_Q,
+    bind_weights,
+    rope_inv_freq,
+    source_name,
+)
 
 PROGRAM_DTYPES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
 ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
@@ -150,13 +158,18 @@ def _whole(buf: Buffer) -> Operand:
 
 
 class _Lowering:
-    def __init__(self, spec: ModelSpec, cfg: ScheduleConfig, target: GpuTarget, kv_capacity: int):
+    def __init__(self, spec: ModelSpec, cfg: ScheduleConfig, target: GpuTarget, kv_capacity: int,
+                 native: Optional[Mapping[str, QuantizedWeight]] = None):
         self.spec, self.cfg, self.target, self.kv_capacity = spec, cfg, target, kv_capacity
+        if cfg.quant == "gguf" and native is None:
+            raise ValueError("quant='gguf' is only valid for a GGUF source: lower() needs the file's quantized "
+                             "tensors (load_model(source, native_quant=True)[2].tensors)")
+        self.native = dict(native or {}) if cfg.quant == "gguf" else {}
         self.dtype = PROGRAM_DTYPES[cfg.dtype or spec.dtype]
         if self.dtype not in target.dtypes:
             raise ValueError(f"target {target.name} does not support {self.dtype.name}")
         self.scale_dtype = DType.F32 if self.dtype == DType.F32 else DType.F16
-        self.quant_dtype = {"none": None, "int8": DType.I8, "int4": DType.U4}[cfg.quant]
+        self.quant_dtype = {"none": None, "int8": DType.I8, "int4": DType.U4, "gguf": None}[cfg.quant]
 
         per_cu = cfg.blocks_per_sm
         if coresident_blocks(target, cfg.threads_per_block, per_cu) < target.compute_units * per_cu:
@@ -200,18 +213,39 @@ class _Lowering:
     def weight(self, name: str, shape: list[int]) -> Buffer:
         return self.buf(name, BufferKind.WEIGHT, self.dtype, shape)
 
+    def quantizes(self, name: str) -> bool:
+        """Whether the config quantizes matrix `name` (with 'gguf': whether the file holds it
+        in a native quantized type)."""
+        if self.cfg.quant == "gguf":
+            return source_name(name, self.spec) in self.native
+        return self.quant_dtype is not None
+
     def linear(self, name: str, rows: int, k: int, quantize: bool = True) -> Buffer:
         """A [rows, k] weight, quantized per the config (with its companions)."""
-        if self.quant_dtype is None or not quantize:
+        if not quantize or not self.quantizes(name):
             return self.weight(name, [rows, k])
         if name in self.by_name:
             return self.by_name[name]
+        if self.cfg.quant == "gguf":
+            return self.native_linear(name, rows, k)
         g = group_for(k, self.cfg.quant_group)
         scale = self.buf(name + ".scale", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g])
         zero = None
         if self.quant_dtype == DType.U4:
             zero = self.buf(name + ".zero", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g]).id
         return self.buf(name, BufferKind.WEIGHT, self.quant_dtype, [rows, k], scale=scale.id, zero=zero, group=g)
+
+    def native_linear(self, name: str, rows: int, k: int) -> Buffer:
+        """A matrix in the layout the GGUF file holds it in (I8/U4, its group, its scale dtype)."""
+        q = self.native[source_name(name, self.spec)]
+        if tuple(q.shape) != (rows, k):
+            raise ValueError(f"{name}: native quantized tensor of shape {tuple(q.shape)}, expected {(rows, k)}")
+        sdt = COMPANION_DTYPES[str(q.scale.dtype)]
+        scale = self.buf(name + ".scale", BufferKind.WEIGHT, sdt, [rows, k // q.group])
+        zero = None
+        if q.zero is not None:
+            zero = self.buf(name + ".zero", BufferKind.WEIGHT, sdt, [rows, k // q.group]).id
+        return self.buf(name, BufferKind.WEIGHT, q.dtype, [rows, k], scale=scale.id, zero=zero, group=q.group)
 
     # ------------------------------------------------------------------ tasks
     def group(self, name: str, specs: list[_Spec]) -> int:
@@ -220,11 +254,12 @@ class _Lowering:
         self.counters.append(Counter(id=cid, name=name))
         done = []
         for s in specs:
-            deps = self.hz.deps(s.inputs, s.outputs)
+            acc = self.hz.accesses(s.inputs, s.outputs)
+            deps = self.hz.deps(s.inputs, s.outputs, acc)
             waits = [Wait(counter=d, threshold=self._size[d]) for d in deps]
             self.tasks.append(Task(id=len(self.tasks), params=s.params, inputs=s.inputs, outputs=s.outputs,
                                    waits=waits, out_counter=cid, name=s.name))
-            done.append((s.inputs, s.outputs, deps))
+            done.append((s.inputs, s.outputs, deps, acc))
         self._size.append(len(specs))
         self.hz.commit(cid, done)
         return cid
@@ -459,7 +494,7 @@ class _Lowering:
             wg, wu = self.linear(m + "gate_proj.weight", F, H), self.linear(m + "up_proj.weight", F, H)
             xin, gamma = normed(f"{t}.mlp_norm", self.weight(p + "post_attention_layernorm.weight", [H]))
             h = self.act("mlp_h", F)
-            if cfg.fuse_silu_mul:
+            if cfg.fuse_silu_mul and (wg.dtype, wg.group) == (wu.dtype, wu.group):  # one layout for w, w2
                 self.gemv_stage(f"{t}.gate_up", [_Mat("gate_up", wg, into(h), Epilogue.SILU_MUL, w2=wu)], xin, gamma)
             else:
                 g_act, u_act = self.act("mlp_gate", F), self.act("mlp_up", F)
@@ -472,7 +507,7 @@ class _Lowering:
         # ---- final norm, LM head, argmax
         xin, gamma = normed("final_norm", self.weight("model.norm.weight", [H]))
         if spec.tie_word_embeddings:
-            head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head else embed
+            head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head and self.quantizes(LM_HEAD_Q) else embed
         else:
             head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
         self.gemv_stage("lm_head", [_Mat("lm_head", head, into(logits))], xin, gamma)
@@ -490,7 +525,7 @@ class _Lowering:
 
     def program(self) -> Program:
         cfg = self.cfg
-        cost = [placement.task_bytes(t, self.buffers, self.kv_capacity) for t in self.tasks]
+        cost = placement.task_costs(self.tasks, self.buffers, self.kv_capacity)
         queues = placement.assign(self.tasks, self.n_queues, cfg.sm_assignment, cost, cfg.explicit_queues)
         prog = Program(
             name=self.spec.name, target=self.target, threads_per_block=cfg.threads_per_block,
@@ -505,12 +540,25 @@ class _Lowering:
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits},
             "vm": {"prefetch_depth": cfg.prefetch_depth},
         }
+        if cfg.quant == "gguf":  # which matrices run in the file's own blocks
+            prog.meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source
+                                        for b in self.buffers if b.group is not None}
         prog.meta["stats"] = program_stats(prog)
         return prog
 
 
-def lower(spec: ModelSpec, config: ScheduleConfig | None, target: GpuTarget, *, kv_capacity: int = 2048) -> Program:
-    """Lower one decode step of `spec` under `config` (default config if None) for `target`."""
+def lower(spec: ModelSpec, config: ScheduleConfig | None, target: GpuTarget, *, kv_capacity: int = 2048,
+          native: Optional[Mapping[str, QuantizedWeight]] = None) -> Program:
+    """Lower one decode step of `spec` under `config` (default config if None) for `target`.
+
+    `native`: with quant='gguf', the GGUF file's quantized matrices by HF name (only their
+    layouts are read here; `bind_weights` binds their contents)."""
     if kv_capacity < 1:
         raise ValueError("kv_capacity must be >= 1")
-    return _Lowering(spec, config or ScheduleConfig(), target, kv_capacity).run()
+    gc_was_on = gc.isenabled()
+    gc.disable()  # ~10^5 small acyclic objects: GC passes would rescan the whole heap (seconds)
+    try:
+        return _Lowering(spec, config or ScheduleConfig(), target, kv_capacity, native).run()
+    finally:
+        if gc_was_on:
+            gc.enable()

@@ -24,14 +24,36 @@ def task_bytes(task: Task, buffers: Sequence[Buffer], kv_rows: int) -> float:
     return total
 
 
+def task_costs(tasks: Sequence[Task], buffers: Sequence[Buffer], kv_rows: int) -> list[float]:
+    """`task_bytes` of every task (the same values, computed in one pass)."""
+    bits = [DTYPE_BITS[b.dtype] for b in buffers]
+    prefix = KvMode.PREFIX
+    out = []
+    for task in tasks:
+        total = 0.0
+        for ops in (task.inputs, task.outputs):
+            for o in ops:
+                n = o.len * o.count * (kv_rows if o.kv == prefix else 1)
+                total += n * bits[o.buf] / 8
+        out.append(total)
+    return out
+
+
 def dag_levels(tasks: Sequence[Task]) -> list[int]:
     """Level of each task: 0 without waits, else 1 + the deepest producer it waits on."""
     counter_level: dict[int, int] = {}
     levels = []
     for t in tasks:
-        lv = 1 + max((counter_level[w.counter] for w in t.waits), default=-1)
+        lv = 0
+        for w in t.waits:
+            c = counter_level[w.counter] + 1
+            if c > lv:
+                lv = c
         levels.append(lv)
-        counter_level[t.out_counter] = max(counter_level.get(t.out_counter, 0), lv)
+        if lv > counter_level.get(t.out_counter, 0):
+            counter_level[t.out_counter] = lv
+        else:
+            counter_level.setdefault(t.out_counter, 0)
     return levels
 
 

@@ -6,11 +6,68 @@ codes 0..15 packed two per byte, element e in byte e // 2, low nibble first.
 
 Scale and zero are stored in `scale_dtype`; codes are computed against the *stored*
 (rounded) scale and zero, so dequantization reproduces exactly what was quantized.
+
+`QuantizedWeight` is a matrix already in one of these layouts (codes + companions), as the
+importer reads it from a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks without dequantizing
+(`amk.schedule.importer.gguf_native`); `bind_weights` binds it as it is.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
+
+from amk.schedule.ir import DType
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A [rows, cols] weight in the IR's I8 / U4 layout.
+
+    codes: int8 [rows, cols] (I8) or uint8 [rows, cols/2] packed two per byte, low nibble
+    first (U4); scale / zero: [rows, cols/group] float (zero only for U4).
+    `source` names where the layout came from (a GGML type such as "Q4_1", or "rtn")."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: Optional[torch.Tensor]
+    group: int
+    dtype: DType
+    source: str = "rtn"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows = self.codes.shape[0]
+        return rows, self.scale.shape[1] * self.group
+
+    def check(self) -> "QuantizedWeight":
+        """Raise ValueError unless the parts agree with each other (shapes, dtypes)."""
+        rows, cols = self.shape
+        if self.dtype == DType.I8:
+            ok = self.codes.dtype == torch.int8 and tuple(self.codes.shape) == (rows, cols) and self.zero is None
+        elif self.dtype == DType.U4:
+            ok = (self.codes.dtype == torch.uint8 and tuple(self.codes.shape) == (rows, cols // 2)
+                  and self.zero is not None and self.zero.shape == self.scale.shape
+                  and self.zero.dtype == self.scale.dtype and cols % 2 == 0)
+        else:
+            ok = False
+        if not ok or not self.scale.is_floating_point() or self.group < 1:
+            raise ValueError(f"inconsistent {self.dtype.name} quantized weight: codes {tuple(self.codes.shape)} "
+                             f"{self.codes.dtype}, scale {tuple(self.scale.shape)} {self.scale.dtype}, "
+                             f"group {self.group}, zero {'set' if self.zero is not None else 'none'}")
+        return self
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [rows, cols] with the IR's numerics: fp32(code * scale) (+ zero)."""
+        return dequantize(self.codes, self.scale, self.zero)
+
+    def rows(self, index: torch.Tensor) -> "QuantizedWeight":
+        """The same weight with its rows reordered (`index` as for `tensor[index]`)."""
+        z = None if self.zero is None else self.zero[index].contiguous()
+        return QuantizedWeight(self.codes[index].contiguous(), self.scale[index].contiguous(), z, self.group,
+                               self.dtype, self.source)
 
 
 def group_for(k: int, group: int | str) -> int:

@@ -18,9 +18,11 @@ def buffer_bytes(b: Buffer) -> int:
 def program_stats(program: Program) -> dict:
     """Task counts per op, counters, cross-SM hops per layer, weight bytes, bandwidth floor."""
     tasks = program.tasks
-    per_op: dict[str, int] = {}
-    for t in tasks:
-        per_op[t.op.name] = per_op.get(t.op.name, 0) + 1
+    ops = [t.params.op for t in tasks]
+    by_op: dict[Op, int] = {}
+    for op in ops:
+        by_op[op] = by_op.get(op, 0) + 1
+    per_op = {op.name: n for op, n in by_op.items()}
     # hops: the longest chain of counter waits among one layer's tasks, counting the wait
     # that enters the layer (a task with no in-layer producer is 1 hop deep)
     layer = [(int(m.group(1)) if (m := _LAYER.match(t.name)) else None) for t in tasks]
@@ -28,7 +30,12 @@ def program_stats(program: Program) -> dict:
     depth = [0] * len(tasks)
     for t in tasks:
         lt = layer[t.id]
-        best = max((counter_depth.get(w.counter, {}).get(lt, 0) for w in t.waits), default=0) if lt is not None else 0
+        best = 0
+        if lt is not None:
+            for w in t.waits:
+                d = counter_depth.get(w.counter)
+                if d is not None and d.get(lt, 0) > best:
+                    best = d[lt]
         depth[t.id] = best + 1
         per_layer = counter_depth.setdefault(t.out_counter, {})
         per_layer[lt] = max(per_layer.get(lt, 0), depth[t.id])
@@ -42,10 +49,12 @@ def program_stats(program: Program) -> dict:
     weight_bytes = sum(buffer_bytes(program.buffers[i]) for i in immutable)
     # bytes streamed per step: each immutable buffer some non-EMBED task reads, plus one embedding row
     streamed, embed_only = set(), set()
-    for t in tasks:
+    embed = Op.EMBED
+    for t, op in zip(tasks, ops):
+        into = embed_only if op == embed else streamed
         for o in t.inputs:
             if o.buf in immutable:
-                (embed_only if t.op == Op.EMBED else streamed).add(o.buf)
+                into.add(o.buf)
     streamed_bytes = sum(buffer_bytes(program.buffers[i]) for i in streamed)
     for i in embed_only - streamed:
         b = program.buffers[i]

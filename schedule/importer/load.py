@@ -14,7 +14,7 @@ import torch
 
 from amk.schedule.importer import cache
 from amk.schedule.importer.checkpoint import check_weights
-from amk.schedule.importer.errors import AmkError, ModelLoadError, one_line
+from amk.schedule.importer.errors import AmkError, ImportRefused, ModelLoadError, one_line
 from amk.schedule.importer.gguf_source import CONVERTED_MARKER, gguf_config, gguf_to_dir
 from amk.schedule.importer.quiet import quiet_transformers
 from amk.schedule.importer.hf_config import spec_from_hf_config
@@ -40,17 +40,25 @@ def _raw_config(src: Source, progress: bool) -> dict[str, Any]:
 
 
 def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int = 0,
-               dtype: Optional[str] = None, progress: bool = False) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+               dtype: Optional[str] = None, progress: bool = False, native_quant: bool = False):
     """Import a Llama-family model: `(spec, weights)` keyed by HF state-dict names.
 
     `random_init` takes only the source's config and draws deterministic weights from
     `seed`. `dtype` None keeps the checkpoint's dtype (float32 for random init and GGUF).
+    `native_quant` (GGUF sources only) returns `(spec, weights, native)`: `weights` as
+    always (every tensor, dequantized by transformers' GGUF loader), and `native`, a
+    `NativeWeights` holding the file's Q8_0/Q4_0/Q4_1 matrices in the VM's I8/U4 layouts,
+    undequantized (what `ScheduleConfig(quant="gguf")` lowers and binds).
     Raises `ImportRefused` for an unsupported model, `ModelLoadError` for an unreadable one.
     """
     if dtype not in (None, "float32", "bfloat16", "float16"):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     try:
         src = resolve(source, config_only=random_init)
+        if native_quant and (random_init or src.kind != "gguf"):
+            raise ImportRefused("native_quant (quant='gguf') needs a .gguf source with its weights; "
+                                f"{source or 'the default model'} is a {'random-init config' if random_init else src.kind}")
+        gguf_path = src.path if src.kind == "gguf" else None
         if random_init:
             spec = spec_from_hf_config(_raw_config(src, progress), name=src.name)
             weights = random_state_dict(spec.hf_config, seed)
@@ -64,7 +72,12 @@ def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int
             spec = spec_from_hf_config(read_config(src.path / "config.json"), name=src.name,
                                        normalized=(src.path / CONVERTED_MARKER).is_file())
             weights = read_safetensors(src.path)
-        return check_weights(spec, weights, dtype)
+        spec, clean = check_weights(spec, weights, dtype)
+        if not native_quant:
+            return spec, clean
+        from amk.schedule.importer.gguf_native import read_native
+
+        return spec, clean, read_native(gguf_path, spec, weights)
     except AmkError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
