@@ -268,14 +268,16 @@ class CudaVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], device: str | torch.device = "cuda", *,
                  validation: Optional[ValidationResult] = None, timeout_s: float = 10.0,
                  spin_timeout_s: Optional[float] = None, prefetch_depth: Optional[int] = None,
-                 poison_each_step: bool = False, _unsafe_skip_validation: bool = False):
+                 poison_each_step: bool = False, trace: bool = False, _unsafe_skip_validation: bool = False):
         """`tensors`: buffer name -> contents of every WEIGHT and CONST buffer (I8 as int8,
         U4 as uint8 packed two per byte), on any device. `validation`: a result to honour
         instead of running the validator. `timeout_s`: host watchdog per launch;
         `spin_timeout_s`: device bound on one wait (default timeout_s / 2).
         `prefetch_depth`: tasks ahead whose weights a block prefetches (default: the
         program's meta['vm']['prefetch_depth'], else 1). `poison_each_step`: fill
-        activations/scratch/outputs with NaN before every step, as the ReferenceVM does."""
+        activations/scratch/outputs with NaN before every step, as the ReferenceVM does.
+        `trace`: build with -DAMK_TRACE and record per task the globaltimer (ns) at wait
+        start, wait met and op done; `trace()` returns the last step's [ntasks, 3] table."""
         if not _unsafe_skip_validation:
             _refuse_if_rejected(program, validation)
         if not torch.cuda.is_available():
@@ -294,6 +296,7 @@ class CudaVM:
         meta_depth = (program.meta.get("vm") or {}).get("prefetch_depth", 1) if isinstance(program.meta, dict) else 1
         self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else meta_depth)
         self.poison_each_step = poison_each_step
+        self.trace_enabled = bool(trace)
         self._broken: Optional[str] = None
 
         self.packed = PackedProgram(program)
@@ -311,6 +314,8 @@ class CudaVM:
         self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=dev)
         self._status_host = torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=True)
         self.epoch = 1
+        self._trace = (torch.zeros((max(len(program.tasks), 1), 3), dtype=torch.int64, device=dev)
+                       if self.trace_enabled else None)
 
         with cupy.cuda.Device(dev.index):
             rt = cupy.cuda.runtime
@@ -319,7 +324,8 @@ class CudaVM:
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
-                                             min_blocks=program.blocks_per_cu)
+                                             min_blocks=program.blocks_per_cu,
+                                             defines={"AMK_TRACE": 1} if self.trace_enabled else None)
             self._check_launchable(rt)
         self._token = self._io_input("token")
         self._pos = self._io_input("pos")
@@ -433,6 +439,8 @@ class CudaVM:
             np.uint32(self.epoch & 0xFFFFFFFF), np.uint64(int(self.spin_timeout_s * 1e9)),
             np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth),
         )
+        if self._trace is not None:
+            args = args + (np.uint64(self._trace.data_ptr()),)
         with cp.cuda.Device(self.device.index):
             self._kernel((len(self.program.queues),), (self.program.threads_per_block,), args,
                          shared_mem=self.packed.smem_bytes, stream=self._cupy_stream(stream))
@@ -440,6 +448,14 @@ class CudaVM:
         ev = torch.cuda.Event()
         ev.record(stream)
         return ev
+
+    def trace(self) -> torch.Tensor:
+        """[ntasks, 3] int64 globaltimer ns of the last traced step (task id order): wait
+        start, wait met, op done. Needs CudaVM(..., trace=True)."""
+        if self._trace is None:
+            raise VMRefused("tracing is off: construct CudaVM(..., trace=True)")
+        torch.cuda.synchronize(self.device)
+        return self._trace.cpu()
 
     def _cupy_stream(self, stream: torch.cuda.Stream):
         """CuPy's view of a torch stream (cached: one wrapper per stream)."""

@@ -24,6 +24,9 @@
 #ifndef AMK_MIN_BLOCKS
 #define AMK_MIN_BLOCKS 1  // persistent blocks per SM (Program.blocks_per_cu)
 #endif
+#ifndef AMK_SPIN_MAX_NS
+#define AMK_SPIN_MAX_NS 4096  // longest poll back-off: 256 made 131 pollers congest the memory system (4.5x slower step)
+#endif
 #ifndef AMK_PREFETCH_MAX_LINES
 #define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
 #endif
@@ -68,7 +71,7 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
     unsigned ns = 32, iter = 0;
     for (;;) {
       amk_nanosleep(ns);
-      if (ns < 256) ns <<= 1;
+      if (ns < AMK_SPIN_MAX_NS) ns <<= 1;
       v = amk_ld_acquire_gpu(p);
       if ((int)(v - target) >= 0) break;
       if ((++iter & 63) == 0) {  // every ~10 us: give up on another block's error, an abort, the budget
@@ -91,7 +94,11 @@ extern "C" AMK_KERNEL(AMK_BLOCK_THREADS, AMK_MIN_BLOCKS)
 amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_start,
                const int* __restrict__ queue_tasks, const AmkBuffer* __restrict__ bufs,
                unsigned* counters, int* status, const int* host_abort, unsigned epoch,
-               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth) {
+               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth
+#ifdef AMK_TRACE
+               , unsigned long long* trace  // [ntasks, 3]: wait start, wait met, op done (globaltimer ns)
+#endif
+               ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
   AMK_BLOCK_SHARED(AmkTask, s_task);
   AMK_BLOCK_SHARED(int, s_go);
@@ -117,12 +124,21 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
       const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
       for (int a = first; a < last; ++a) amk_prefetch_task(tasks + queue_tasks[a], bufs);
     }
+#ifdef AMK_TRACE
+    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 0] = amk_timer_ns();
+#endif
     if (threadIdx.x == 0) s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
+#ifdef AMK_TRACE
+    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 1] = amk_timer_ns();
+#endif
     amk_syncthreads();
     if (!s_go) break;
 
     amk_dispatch(c);
     amk_syncthreads();
     if (threadIdx.x == 0) amk_release_add_gpu(&counters[out_counter], 1u);
+#ifdef AMK_TRACE
+    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 2] = amk_timer_ns();
+#endif
   }
 }

@@ -1,0 +1,162 @@
+"""Per-task device trace of one megakernel decode step (Llama-3.2-1B shape, bf16).
+
+    python3 -m amk.eval.trace_step [--shape llama-3.2-1b] [--ctx 1024] [--out DIR]
+
+Builds the shape with random weights, fills `ctx` positions with ordinary steps, then runs
+one step with a CudaVM built with -DAMK_TRACE (globaltimer at wait start, wait met and op
+done per task) and prints per op / per task kind: summed and max op time, summed wait
+time, the per-queue gaps (record copy + prefetch), and the critical path, walked back from
+the last task to finish. Writes trace_step.json to $OUT (or --out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+
+def task_kind(t) -> str:
+    op = str(getattr(t.op, "value", t.op))
+    name = re.sub(r"\d+", "#", t.name or "")
+    return f"{op}:{name}" if name else op
+
+
+def analyse(program, tr: np.ndarray) -> dict:
+    tasks = program.tasks
+    index = {t.id: i for i, t in enumerate(tasks)}
+    t0 = int(tr[:, 0].min())
+    tr = tr.astype(np.int64) - t0
+    ws, wm, dn = tr[:, 0], tr[:, 1], tr[:, 2]
+    producers = defaultdict(list)
+    for i, t in enumerate(tasks):
+        producers[t.out_counter].append(i)
+    prev = {}
+    qpos = {}
+    for q, queue in enumerate(program.queues):
+        ids = getattr(queue, "tasks", queue)
+        last = None
+        for k, tid in enumerate(ids):
+            tid = tid if isinstance(tid, int) else tid.id
+            i = index[tid]
+            prev[i] = last
+            qpos[i] = (q, k)
+            last = i
+    per = defaultdict(lambda: {"n": 0, "op_sum_us": 0.0, "op_max_us": 0.0, "wait_sum_us": 0.0, "gap_sum_us": 0.0})
+    for i, t in enumerate(tasks):
+        d = per[task_kind(t)]
+        d["n"] += 1
+        op_us = (dn[i] - wm[i]) / 1e3
+        d["op_sum_us"] += op_us
+        d["op_max_us"] = max(d["op_max_us"], op_us)
+        d["wait_sum_us"] += (wm[i] - ws[i]) / 1e3
+        if prev[i] is not None:
+            d["gap_sum_us"] += (ws[i] - dn[prev[i]]) / 1e3
+        else:
+            d["gap_sum_us"] += ws[i] / 1e3
+    # critical path: from the last finisher, step to whichever finished last among the
+    # queue predecessor and the producers of the awaited counters
+    cur = int(np.argmax(dn))
+    path = []
+    while cur is not None:
+        path.append(cur)
+        t = tasks[cur]
+        cands = []
+        if prev[cur] is not None:
+            cands.append(prev[cur])
+        for w in t.waits:
+            for p in producers.get(w.counter, []):
+                if dn[p] <= wm[cur] + 2000:  # finished before this one could go (+ timer slack)
+                    cands.append(p)
+        cands = [c for c in cands if dn[c] <= wm[cur] + 2000]
+        cur = max(cands, key=lambda c: dn[c]) if cands else None
+    path.reverse()
+    cp = defaultdict(lambda: {"n": 0, "op_us": 0.0, "wait_us": 0.0, "hop_us": 0.0})
+    cp_rows = []
+    for a, i in enumerate(path):
+        k = task_kind(tasks[i])
+        cp[k]["n"] += 1
+        cp[k]["op_us"] += (dn[i] - wm[i]) / 1e3
+        before = dn[path[a - 1]] if a else 0
+        cp[k]["hop_us"] += (wm[i] - before) / 1e3  # from the enabling finish to this one's go
+        cp_rows.append({"task": tasks[i].id, "kind": k, "queue": qpos[i][0], "qpos": qpos[i][1],
+                        "ws_us": ws[i] / 1e3, "wm_us": wm[i] / 1e3, "done_us": dn[i] / 1e3})
+    return {"step_us": float(dn.max() / 1e3), "ntasks": len(tasks), "nqueues": len(program.queues),
+            "per_kind": {k: dict(v) for k, v in per.items()},
+            "critical_path": {"len": len(path), "by_kind": {k: dict(v) for k, v in cp.items()}, "rows": cp_rows},
+            "queue_busy_us": {"op_total": float((dn - wm).sum() / 1e3), "wait_total": float((wm - ws).sum() / 1e3)}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="llama-3.2-1b")
+    ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--prefetch-depth", type=int, default=None)
+    ap.add_argument("--define", action="append", default=[], help="extra NVRTC define NAME=VALUE (experiments)")
+    a = ap.parse_args()
+    if a.define:
+        from amk.vm import build
+        extra = dict(d.split("=", 1) for d in a.define)
+        orig = build.load_kernel
+        build.load_kernel = lambda *x, defines=None, **k: orig(*x, defines={**(defines or {}), **extra}, **k)
+    import amk.api
+    from amk.eval.shapes import random_weights_like, shape_config
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.vm.loader import CudaVM
+
+    name = a.shape
+    spec = spec_from_hf_config(shape_config(name), name=name, dtype="bfloat16")
+    weights = random_weights_like(spec, "cuda", "bfloat16", 0)
+    mk = amk.api.compile(loaded=(spec, weights), dtype="bfloat16", kv_capacity=a.ctx + 76)
+    t = time.time()
+    vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation, trace=True,
+                prefetch_depth=a.prefetch_depth)
+    print(f"built traced VM in {time.time() - t:.1f}s; {len(mk.program.tasks)} tasks on {len(mk.program.queues)} queues")
+    t = time.time()
+    for pos in range(a.ctx):
+        evs = vm._launch(pos % 1000 + 1, pos)
+        if pos % 64 == 63:
+            vm._finish([evs])
+    vm._finish([evs])
+    print(f"filled {a.ctx} positions in {time.time() - t:.1f}s")
+    results = []
+    for s in range(a.steps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        vm.run_step(7, a.ctx + s)
+        en.record()
+        torch.cuda.synchronize()
+        r = analyse(mk.program, vm.trace().numpy())
+        r["event_ms"] = st.elapsed_time(en)
+        results.append(r)
+        print(f"traced step {s}: event {r['event_ms']:.2f} ms, trace span {r['step_us']:.0f} us")
+    r = sorted(results, key=lambda x: x["step_us"])[len(results) // 2]
+    print(f"\nstep {r['step_us']:.0f} us, {r['ntasks']} tasks, {r['nqueues']} queues; "
+          f"sum op {r['queue_busy_us']['op_total']:.0f} us, sum wait {r['queue_busy_us']['wait_total']:.0f} us")
+    print(f"{'kind':44s} {'n':>5s} {'op_sum':>9s} {'op_avg':>8s} {'op_max':>8s} {'wait_sum':>9s} {'gap_sum':>9s}")
+    for k, v in sorted(r["per_kind"].items(), key=lambda kv: -kv[1]["op_sum_us"]):
+        print(f"{k[:44]:44s} {v['n']:5d} {v['op_sum_us']:9.0f} {v['op_sum_us'] / v['n']:8.1f} {v['op_max_us']:8.1f} "
+              f"{v['wait_sum_us']:9.0f} {v['gap_sum_us']:9.0f}")
+    cp = r["critical_path"]
+    print(f"\ncritical path: {cp['len']} tasks")
+    print(f"{'kind':44s} {'n':>5s} {'op_us':>9s} {'hop_us':>9s}")
+    for k, v in sorted(cp["by_kind"].items(), key=lambda kv: -(kv[1]["op_us"] + kv[1]["hop_us"])):
+        print(f"{k[:44]:44s} {v['n']:5d} {v['op_us']:9.0f} {v['hop_us']:9.0f}")
+    print("first 40 critical-path rows:")
+    for row in cp["rows"][:40]:
+        print(f"  q{row['queue']:3d}#{row['qpos']:3d} {row['kind'][:40]:40s} ws {row['ws_us']:8.1f} wm {row['wm_us']:8.1f} done {row['done_us']:8.1f}")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "trace_step.json"), "w") as f:
+        json.dump({"shape": name, "ctx": a.ctx, "steps": results}, f)
+    print("wrote", os.path.join(a.out, "trace_step.json"))
+
+
+if __name__ == "__main__":
+    main()
