@@ -39,6 +39,15 @@ def _raw_config(src: Source, progress: bool) -> dict[str, Any]:
     return read_config(entry / "config.json") if entry.is_dir() else gguf_config(src.path, progress)
 
 
+def _named_shape(source) -> Optional[dict]:
+    """The HF config of a named benchmark shape (`amk.eval.shapes`), for `--random-init`."""
+    if not isinstance(source, str) or "/" in source or source.endswith(".json"):
+        return None
+    from amk.eval.shapes import shape_config
+
+    return shape_config(source)
+
+
 def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int = 0,
                dtype: Optional[str] = None, progress: bool = False, native_quant: bool = False):
     """Import a Llama-family model: `(spec, weights)` keyed by HF state-dict names.
@@ -54,6 +63,14 @@ def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int
     if dtype not in (None, "float32", "bfloat16", "float16"):
         raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     try:
+        shape = _named_shape(source) if random_init else None
+        if shape is not None:  # a named shape-only model (llama-3.2-1b, ...): config from the table
+            spec = spec_from_hf_config(shape, name=str(source))
+            from amk.eval.shapes import random_weights_like
+
+            weights = random_weights_like(spec, "cpu", "float32", seed=seed)
+            spec, clean = check_weights(spec, weights, dtype)
+            return spec, clean
         src = resolve(source, config_only=random_init)
         if native_quant and (random_init or src.kind != "gguf"):
             raise ImportRefused("native_quant (quant='gguf') needs a .gguf source with its weights; "
