@@ -19,22 +19,13 @@ import random
 from typing import Optional
 
 from amk.schedule import ir
-from amk.schedule.ir import BufferKind as K, DType as D, Epilogue, KvMode, Operand
+from amk.schedule.ir import BufferKind as K
+from amk.schedule.ir import DType as D
+from amk.schedule.ir import Epilogue, KvMode, Operand
+from amk.schedule.lower import tiles as _tiles
 from amk.schedule.targets import get_target
 
 TARGETS = ("h100", "a10g", "mi300x")
-
-
-def _tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
-    units = n // gran
-    parts = max(1, min(parts, units))
-    base, extra = divmod(units, parts)
-    out, lo = [], 0
-    for i in range(parts):
-        u = base + (i < extra)
-        out.append((lo * gran, (lo + u) * gran))
-        lo += u
-    return out
 
 
 class _Gen:
