@@ -4,10 +4,8 @@ order, deadlock, poison) and the region addressing."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-
 from amk.schedule.ir import (
     AddParams,
     Buffer,
@@ -31,6 +29,7 @@ from programs import (
     tiny_model_program,
 )
 from refs import attention, dequant, hf_rmsnorm, hf_rope, unpack_u4_slow
+from vm_cases import hf_model
 
 close = torch.testing.assert_close
 K = BufferKind
@@ -155,21 +154,9 @@ def test_attention_program_over_steps(qk_norm, splits, block):
 
 
 # ----------------------------------------------------------------------------- whole models vs HF
-def _hf_model(family: str):
-    import transformers as tf
-
-    common = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
-    cfg = {"llama": lambda: tf.LlamaConfig(**common),
-           "qwen2": lambda: tf.Qwen2Config(**common),
-           "qwen3": lambda: tf.Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)}[family]()
-    torch.manual_seed(0)
-    return {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "qwen3": tf.Qwen3ForCausalLM}[family](cfg).eval()
-
-
 @pytest.fixture(scope="module")
 def llama():
-    model = _hf_model("llama")
+    model = hf_model("llama")
     return model, tiny_model_program(model)
 
 
@@ -183,7 +170,7 @@ def test_tiny_model_logits_match_hf(family, llama):
     if family == "llama":
         model, (prog, t) = llama
     else:
-        model = _hf_model(family)
+        model = hf_model(family)
         if family == "qwen2":  # HF initialises biases to 0; make them matter
             with torch.no_grad():
                 for name, p in model.named_parameters():

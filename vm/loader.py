@@ -35,8 +35,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-
-from amk.errors import AmkError
 from amk.schedule.ir import (
     IMMUTABLE_KINDS,
     MAX_INPUTS,
@@ -44,12 +42,14 @@ from amk.schedule.ir import (
     MAX_WAITS,
     BufferKind,
     DType,
-    Epilogue,
     Op,
     Program,
     ValidationResult,
 )
 from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
+from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
+
+from amk.errors import AmkError
 
 
 class VMError(AmkError, RuntimeError):
@@ -113,8 +113,6 @@ TASK_DTYPE = np.dtype([
 BUFFER_DTYPE = np.dtype([("ptr", "<u8"), ("numel", "<i8"), ("width", "<i8"), ("rows", "<i8"), ("dtype", "<i4"),
                          ("kind", "<i4"), ("group", "<i4"), ("pad", "<i4")])
 
-TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16,
-               DType.I32: torch.int32, DType.I8: torch.int8, DType.U4: torch.uint8}
 POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"), DType.I32: -(2**31)}
 GEMV_PREFETCH_ROLES = ("w", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero")
 
@@ -283,7 +281,6 @@ class CudaVM:
         if not torch.cuda.is_available():
             raise VMRefused("CudaVM needs a CUDA device (torch.cuda.is_available() is False)")
         import cupy
-
         from amk.vm import build
 
         self._cupy = cupy
@@ -333,11 +330,9 @@ class CudaVM:
 
     # ------------------------------------------------------------------ setup
     def _alloc(self, given: dict[str, torch.Tensor]) -> None:
-        names = {b.name for b in self.program.buffers if b.kind in IMMUTABLE_KINDS}
-        missing, extra = names - given.keys(), given.keys() - names
-        if missing or extra:
-            raise VMRefused(f"tensors must be exactly the WEIGHT/CONST buffers; missing {sorted(missing)}, "
-                            f"unexpected {sorted(extra)}")
+        problem = bound_tensor_mismatch(self.program, given.keys())
+        if problem:
+            raise VMRefused(problem)
         for b in self.program.buffers:
             want = TORCH_DTYPE[b.dtype]
             numel = (b.numel + 1) // 2 if b.dtype == DType.U4 else b.numel

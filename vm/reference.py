@@ -37,16 +37,9 @@ from amk.schedule.ir import (
     ValidationResult,
 )
 from amk.schedule.opspec import input_roles, output_roles
+from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 from amk.vm.regions import RegionError, is_kv, region
 
-TORCH_DTYPE = {
-    DType.F32: torch.float32,
-    DType.F16: torch.float16,
-    DType.BF16: torch.bfloat16,
-    DType.I32: torch.int32,
-    DType.I8: torch.int8,
-    DType.U4: torch.uint8,  # unpacked: one code per element
-}
 # what an unwritten element reads as: NaN for floats, an impossible value for integers
 POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"),
           DType.I32: -(2**31), DType.I8: -128, DType.U4: 255}
@@ -117,11 +110,9 @@ class ReferenceVM:
 
     # ------------------------------------------------------------------ memory
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        names = {b.name for b in self.program.buffers if b.kind in IMMUTABLE_KINDS}
-        missing, extra = names - tensors.keys(), tensors.keys() - names
-        if missing or extra:
-            raise ValueError(f"tensors must be exactly the WEIGHT/CONST buffers; missing {sorted(missing)}, "
-                             f"unexpected {sorted(extra)}")
+        problem = bound_tensor_mismatch(self.program, tensors.keys())
+        if problem:
+            raise ValueError(problem)
         for b in self.program.buffers:
             if b.kind in IMMUTABLE_KINDS:
                 self.mem[b.id] = self._immutable(b, tensors[b.name])
