@@ -35,7 +35,7 @@ class OracleReport:
 
 @torch.no_grad()
 def hf_logits(model, ids: Sequence[int]) -> torch.Tensor:
-    out = model(torch.tensor([list(ids)], dtype=torch.long), use_cache=False)
+    out = model(torch.tensor([list(ids)], dtype=torch.long, device=model.device), use_cache=False)
     return out.logits[0].float()
 
 
@@ -43,7 +43,7 @@ def hf_logits(model, ids: Sequence[int]) -> torch.Tensor:
 def hf_greedy(model, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
     """HF `generate`, greedy, running the full `max_new_tokens` (EOS does not stop it)."""
     model.generation_config.eos_token_id = None
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                          eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
     return out[0, len(prompt):].tolist()

@@ -25,33 +25,11 @@ from pathlib import Path
 import torch
 
 from amk.api import compile as amk_compile
+from amk.eval.oracle import hf_greedy, hf_logits, matching_prefix
 from amk.schedule.importer import build_hf_model, load_model, load_tokenizer, zoo_configs
 
 FP32_TOL = 1e-4
 BF16_REL_TOL = 5e-2  # of the largest |logit|: bf16 keeps 8 bits of mantissa
-
-
-@torch.no_grad()
-def hf_greedy_gpu(model, prompt: list[int], n: int) -> list[int]:
-    model.generation_config.eos_token_id = None
-    ids = torch.tensor([prompt], device="cuda")
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                         pad_token_id=0, temperature=None, top_p=None, top_k=None)
-    return out[0, len(prompt):].tolist()
-
-
-@torch.no_grad()
-def hf_logits_gpu(model, ids: list[int]) -> torch.Tensor:
-    return model(torch.tensor([ids], device="cuda"), use_cache=False).logits[0].float()
-
-
-def _prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def smollm2_rows(source) -> list[dict]:
@@ -63,11 +41,11 @@ def smollm2_rows(source) -> list[dict]:
         mk = amk_compile(loaded=(spec, weights), dtype=dtype, kv_capacity=256)
         hf = build_hf_model(spec, weights, dtype=dtype, device="cuda")
         ours = mk.generate(prompt, 64, device="cuda")
-        ref = hf_greedy_gpu(hf, prompt, 64)
-        row = {"row": "smollm2", "dtype": dtype, "tasks": len(mk.program.tasks), "greedy_identical": _prefix(ours, ref),
+        ref = hf_greedy(hf, prompt, 64)
+        row = {"row": "smollm2", "dtype": dtype, "tasks": len(mk.program.tasks), "greedy_identical": matching_prefix(ours, ref),
                "of": 64, "text": tok.decode(ours)}
         if dtype == "float32":
-            err = (mk.logits_for(prompt, device="cuda").cuda() - hf_logits_gpu(hf, prompt)).abs().max().item()
+            err = (mk.logits_for(prompt, device="cuda").cuda() - hf_logits(hf, prompt)).abs().max().item()
             row["logits_max_abs_err"] = err
             row["pass"] = row["greedy_identical"] == 64 and err <= FP32_TOL
         else:
@@ -121,7 +99,7 @@ def large_rows(names=("llama-3.2-1b", "llama-3.1-8b"), positions=(0, 1000, 4000)
                 ours[p] = out["logits"].float().clone()
         steps_s = time.perf_counter() - t
         hf = build_hf_model(spec, weights, dtype="bfloat16", device="cuda")
-        ref = hf_logits_gpu(hf, ids)
+        ref = hf_logits(hf, ids)
         for p in positions:
             r = ref[p]
             o = ours[p].to(r.device)
