@@ -401,12 +401,7 @@ def run_campaign(s: CampaignSettings, *, proposer: Optional[Proposer] = None,
             res = runner.run({"cmd": "evaluate", "trial": n, "config": cfg.model_dump(mode="json"),
                               "parent": parent.model_dump(mode="json") if parent else None,
                               "best": best.config.model_dump(mode="json") if best else None}, abort=stop.hard)
-            verdict = res.get("verdict", "error")
-            violations = list(res.get("violations") or [])
-            if verdict == PASS:
-                why = floor_guard(res.get("latency_us"), res.get("floor_us"), res.get("p10_us"))
-                if why:
-                    verdict, violations = "artifact", [why]
+            verdict, violations = verdict_of(res)
             latency = res.get("latency_us") if verdict == PASS else None
             kept, accepted = _decide(res, verdict, latency, best, parent, seen)
             if prop.note == "default" and verdict == PASS:
@@ -490,6 +485,17 @@ def _next_proposal(queue: SequenceProposer, notes: dict, proposer: Proposer, spa
     return None  # the space looks exhausted around here
 
 
+def verdict_of(res: dict) -> tuple[str, list]:
+    """A trial's verdict and violations, with a PASS below the physical floor turned into an artifact."""
+    verdict = res.get("verdict", "error")
+    violations = list(res.get("violations") or [])
+    if verdict == PASS:
+        why = floor_guard(res.get("latency_us"), res.get("floor_us"), res.get("p10_us"))
+        if why:
+            verdict, violations = "artifact", [why]
+    return verdict, violations
+
+
 def _decide(res: dict, verdict: str, latency: Optional[float], best: Optional[Observation],
             parent: Optional[ScheduleConfig], seen: dict) -> tuple[bool, bool]:
     """(kept, accepted). Only a PASS can be kept. With an A/B result (cuda) the test's
@@ -535,12 +541,7 @@ def evaluate_config(s: CampaignSettings, config: ScheduleConfig, *,
                                            "parent": d, "best": d})
     finally:
         runner.close()
-    verdict = res.get("verdict", "error")
-    violations = list(res.get("violations") or [])
-    if verdict == PASS:
-        why = floor_guard(res.get("latency_us"), res.get("floor_us"), res.get("p10_us"))
-        if why:
-            verdict, violations = "artifact", [why]
+    verdict, violations = verdict_of(res)
     out = {"verdict": verdict, "violations": violations, "config": config.model_dump(mode="json"),
            "model": info.get("model"), "target": info.get("target"), "evaluator": info.get("evaluator"),
            "device": info.get("device")}
