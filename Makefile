@@ -1,10 +1,11 @@
 # One command each: `make demo` (set up + compile and verify the embedded SmolLM2-135M)
 # and `make test` (set up + run the CPU test suite; GPU tests skip without a GPU).
+# `make hip-tools` installs the compilers for the AMD (HIP) compile test (Debian, root).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-all gpu-test clean
+.PHONY: setup demo test test-all gpu-test hip-tools clean
 
 $(BIN)/amk: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +30,18 @@ test-all: setup
 
 gpu-test: setup
 	$(BIN)/python -m pytest -m gpu
+
+# clang-19 (AMDGPU backend), lld-19 and the HIP headers: tests/test_vm_compile_hip.py
+# compiles the megakernel for gfx942 with them; installed only when clang-19 is missing
+HIP_PKGS := clang-19 lld-19 libamdhip64-dev
+hip-tools:
+	@if command -v clang-19 >/dev/null && [ -f /usr/include/hip/hip_runtime.h ]; then \
+		echo "hip-tools: clang-19 and the HIP headers are present"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(HIP_PKGS); \
+	fi
 
 clean:
 	rm -rf $(VENV) out

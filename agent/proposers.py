@@ -112,6 +112,7 @@ class SearchSpace:
             Dim("max_queues", (None, *queue_caps)),
             Dim("threads_per_block", (64, 128, 192, 256, 384, 512, 768, 1024)),
             Dim("prefetch_depth", (0, 1, 2, 3, 4)),
+            Dim("gemv_unroll", ("auto", 2, 4, 6, 8)),
             Dim("fuse_norm", BOOL, ordered=False),
             Dim("fuse_rope_append", BOOL, ordered=False),
             Dim("fuse_residual", BOOL, ordered=False),
@@ -121,6 +122,8 @@ class SearchSpace:
             Dim("quant_lm_head", BOOL, ordered=False),
             Dim("quant_unpack", (0, 1, 2, 3)),
             Dim("dtype", (None, "float32", "bfloat16", "float16"), ordered=False),
+            # chiplet placement exists only on multi-XCD targets ('auto' is off elsewhere)
+            Dim("xcd_placement", ("auto", False) if target.xcds > 1 else ("auto",), ordered=False),
         ]
         self.dims = [d for d in dims if d.name not in self.fixed and d.name not in ("explicit_queues",)]
         missing = set(ScheduleConfig.model_fields) - {d.name for d in dims} - {"explicit_queues"}
@@ -142,6 +145,8 @@ class SearchSpace:
         if d.get("sm_assignment") != "explicit":
             d["explicit_queues"] = None
         tg = self.target
+        if tg.xcds < 2:
+            d["xcd_placement"] = "auto"
         tpb = d.get("threads_per_block", 256)
         tpb = max(tg.warp_size, tpb - tpb % tg.warp_size)
         d["threads_per_block"] = tpb

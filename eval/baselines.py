@@ -10,7 +10,9 @@ ops and roundings follow transformers' eager Llama, so it matches HF to float ro
 
 Runners (a common interface the benchmark drives, one per variant):
 
-    EagerRunner        the module called directly (CPU tests; a GPU reference)
+    EagerRunner        the module called directly (CPU tests; a GPU reference); with
+                       `LlamaDecodeStep(..., compute_dtype=torch.float32)` the fp32 reference of
+                       half-precision weights (`fp32_reference`, the half-precision gate's yardstick)
     CudaGraphRunner    the module captured once in a torch.cuda.CUDAGraph; token and
                        position live in device tensors written before each replay
     CompiledRunner     torch.compile(mode="reduce-overhead", fullgraph=True): inductor
@@ -57,7 +59,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Layer(nn.Module):
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], i: int, capacity: int):
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], i: int, capacity: int,
+                 compute_dtype: Optional[torch.dtype] = None):
         super().__init__()
         p = f"model.layers.{i}."
         a = p + "self_attn."
@@ -77,18 +80,25 @@ class _Layer(nn.Module):
         self.eps = spec.rms_norm_eps
         self.scale = spec.head_dim**-0.5
         ref = weights[names["wq"]]
+        self.cd = compute_dtype  # None: compute in the weights' dtype
         shape = (spec.num_kv_heads, capacity, spec.head_dim)
         # zeros, never NaN: masked rows still meet the probabilities (0) in the P @ V matmul
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=ref.dtype, device=ref.device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=ref.dtype, device=ref.device), persistent=False)
+        cache_dtype = compute_dtype or ref.dtype
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=cache_dtype, device=ref.device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=cache_dtype, device=ref.device), persistent=False)
+
+    def w(self, t: torch.Tensor) -> torch.Tensor:
+        """A weight in the compute dtype (a transient copy when it differs: no second resident set)."""
+        return t if self.cd is None else t.to(self.cd)
 
     def forward(self, x, pos, cos, sin, masked):
-        h = rms_norm(x, self.ln1, self.eps)
-        q = F.linear(h, self.wq, self.bq if self.has_bias else None).view(self.n_heads, self.d)
-        k = F.linear(h, self.wk, self.bk if self.has_bias else None).view(self.n_kv, self.d)
-        v = F.linear(h, self.wv, self.bv if self.has_bias else None).view(self.n_kv, self.d)
+        w = self.w
+        h = rms_norm(x, w(self.ln1), self.eps)
+        q = F.linear(h, w(self.wq), w(self.bq) if self.has_bias else None).view(self.n_heads, self.d)
+        k = F.linear(h, w(self.wk), w(self.bk) if self.has_bias else None).view(self.n_kv, self.d)
+        v = F.linear(h, w(self.wv), w(self.bv) if self.has_bias else None).view(self.n_kv, self.d)
         if self.has_qk_norm:
-            q, k = rms_norm(q, self.qn, self.eps), rms_norm(k, self.kn, self.eps)
+            q, k = rms_norm(q, w(self.qn), self.eps), rms_norm(k, w(self.kn), self.eps)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         self.k_cache.index_copy_(1, pos, k.unsqueeze(1))
@@ -98,28 +108,32 @@ class _Layer(nn.Module):
         scores = scores.masked_fill(masked, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         o = torch.matmul(probs, self.v_cache).reshape(1, self.n_heads * self.d)
-        x = x + F.linear(o, self.wo)
-        h = rms_norm(x, self.ln2, self.eps)
-        return x + F.linear(F.silu(F.linear(h, self.wg)) * F.linear(h, self.wu), self.wd)
+        x = x + F.linear(o, w(self.wo))
+        h = rms_norm(x, w(self.ln2), self.eps)
+        return x + F.linear(F.silu(F.linear(h, w(self.wg))) * F.linear(h, w(self.wu)), w(self.wd))
 
 
 class LlamaDecodeStep(nn.Module):
-    """forward(token: int64 [1], pos: int64 [1]) -> (logits fp32 [vocab], next token int64 [])."""
+    """forward(token: int64 [1], pos: int64 [1]) -> (logits fp32 [vocab], next token int64 []).
+
+    `compute_dtype` (e.g. torch.float32 over bf16 weights): compute, and keep the KV cache,
+    in that dtype, each weight converted where it is used (no second copy stays resident)."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], capacity: int,
-                 inv_freq: Optional[torch.Tensor] = None):
+                 inv_freq: Optional[torch.Tensor] = None, compute_dtype: Optional[torch.dtype] = None):
         super().__init__()
         if spec.family not in ("llama", "mistral", "qwen2", "qwen3"):
             raise BaselineError(f"no baseline for family {spec.family!r}")
         embed = weights["model.embed_tokens.weight"]
-        self.dtype, self.device, self.capacity = embed.dtype, embed.device, capacity
+        self.dtype, self.device, self.capacity = compute_dtype or embed.dtype, embed.device, capacity
+        self.cd = compute_dtype
         self.eps = spec.rms_norm_eps
         if inv_freq is None:
             from amk.schedule.weights import rope_inv_freq
 
             inv_freq = rope_inv_freq(spec)
         self.register_buffer("embed", embed, persistent=False)
-        self.layers = nn.ModuleList(_Layer(spec, weights, i, capacity) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(_Layer(spec, weights, i, capacity, compute_dtype) for i in range(spec.num_layers))
         self.register_buffer("norm", weights["model.norm.weight"], persistent=False)
         head = embed if spec.tie_word_embeddings else weights["lm_head.weight"]
         self.register_buffer("head", head, persistent=False)
@@ -127,21 +141,21 @@ class LlamaDecodeStep(nn.Module):
         self.register_buffer("rows", torch.arange(capacity, device=self.device), persistent=False)
 
     def forward(self, token: torch.Tensor, pos: torch.Tensor):
-        x = self.embed.index_select(0, token)  # [1, hidden]
+        x = self.embed.index_select(0, token).to(self.dtype)  # [1, hidden]
         freqs = pos.float()[:, None] * self.inv_freq[None, :]  # [1, head_dim / 2], fp32 like HF
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         masked = self.rows > pos  # [capacity]: rows not yet written at this step
         for layer in self.layers:
             x = layer(x, pos, cos, sin, masked)
-        x = rms_norm(x, self.norm, self.eps)
-        logits = F.linear(x, self.head)[0].float()
+        x = rms_norm(x, self.norm.to(self.dtype), self.eps)
+        logits = F.linear(x, self.head.to(self.dtype))[0].float()
         return logits, torch.argmax(logits)
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Rows 0..ctx-1 of a layer's caches from [ctx, kv_heads, head_dim] tensors."""
         lay = self.layers[layer]
-        n = k.shape[0]
+        n = k.shape[0]  # (copy_ converts to the cache dtype)
         lay.k_cache[:, :n].copy_(k.transpose(0, 1))
         lay.v_cache[:, :n].copy_(v.transpose(0, 1))
 
@@ -346,6 +360,7 @@ class HFRunner:
 
 
 BASELINES = ("cuda_graph", "torch_compile", "hf_eager", "eager")
+FP32_REFERENCE = "fp32_reference"  # not a baseline: the yardstick of the half-precision gate
 DEFAULT_GPU_BASELINES = ("cuda_graph", "torch_compile", "hf_eager")
 
 
@@ -354,6 +369,10 @@ def make_runner(kind: str, spec: ModelSpec, weights: dict[str, torch.Tensor], ca
     """A fresh runner of `kind` (its own KV cache) over `weights` (shared, not copied)."""
     if kind == "hf_eager":
         return HFRunner(build_hf_shared(spec, weights), spec)
+    if kind == FP32_REFERENCE:
+        runner = EagerRunner(LlamaDecodeStep(spec, weights, capacity, inv_freq, compute_dtype=torch.float32).eval())
+        runner.name = FP32_REFERENCE
+        return runner
     module = LlamaDecodeStep(spec, weights, capacity, inv_freq).eval()
     if kind == "eager":
         return EagerRunner(module)

@@ -10,14 +10,20 @@ One run, one process, one GPU:
    megakernel with KV capacity ctx + check + warm-up + timed steps + a margin, and build
    the baselines over the *same* weight tensors (no copies): `cuda_graph`, `torch_compile`
    (reduce-overhead) and `hf_eager` (transformers, the oracle); see `eval/baselines.py`.
-2. Write the same random K/V rows 0..ctx-1 into every runner's cache, so each decode
-   step attends over ctx (+1, +2, ...) positions.
-3. Correctness gate: `check_steps` steps at positions ctx, ctx+1, ...; every runner's
-   logits against the reference (hf_eager, else the first baseline): finite, max |diff|
-   <= tol x max |ref logit| (fp32 1e-3; bf16/fp16 5e-2: one bf16 rounding is 2^-9 relative
-   and the two implementations round at different points over dozens of layers), and the
-   argmax equal or a near-tie (the reference's logit at the other's argmax within that
-   same tolerance of its max: random-weight models have top-2 gaps far below a bf16 ulp).
+2. Write the same K/V rows 0..ctx-1 into every runner's cache, so each decode step
+   attends over ctx (+1, +2, ...) positions: by default the model's own K/V over ctx
+   random tokens (one HF prefill at the bench dtype, `prefix="model"`); `prefix="random"`
+   writes N(0, 1) rows instead, which puts a real checkpoint far outside what it was
+   trained on: its q.k scores grow large enough that bf16 score rounding alone moves the
+   logits by tens of percent (SmolLM2-135M at ctx 1024: HF eager bf16 vs fp32, 23-118 %).
+3. Correctness gate: `check_steps` steps at positions ctx, ctx+1, ...
+   fp32: every runner's logits against the reference (hf_eager, else the first baseline):
+   finite, max |diff| <= 1e-3 x max |ref logit|, argmax equal or a near-tie (the
+   reference's logit at the other's argmax within that tolerance of its max).
+   bf16/fp16 (`eval/tolerance.py`): every variant, HF eager included, against an fp32
+   reference of the same half-valued weights (`fp32_reference`, untimed), within
+   max(2 x HF eager's own error, 2^-7) x max |ref logit|, argmax equal or a near-tie
+   within that bound; each variant's distance to HF eager is recorded too.
    A failing gate stops the run: no latency is measured or printed.
 4. Timing: warm-up rounds, then `steps` rounds; each round runs every variant once at the
    same fresh position, the order rotating each round (interleaved A/B). Each step is
@@ -49,10 +55,11 @@ import torch
 
 from amk.errors import AmkError
 from amk.eval import roofline
-from amk.eval.baselines import DEFAULT_GPU_BASELINES, make_runner, optional_engines
+from amk.eval.baselines import DEFAULT_GPU_BASELINES, FP32_REFERENCE, make_runner, optional_engines
 from amk.eval.provenance import git_commit
 
-GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # half: only for fallback comparisons
+HALF = ("bfloat16", "float16")  # gated by eval/tolerance.py against an fp32 reference
 KV_MARGIN = 8  # spare cache rows beyond the last timed position
 MEGAKERNEL = "megakernel"
 REFERENCE_ORDER = ("hf_eager", "eager", "cuda_graph", "torch_compile")
@@ -89,6 +96,7 @@ class BenchOptions:
     bandwidth_gbps: Optional[float] = None  # None = measure now (GPU)
     device: str = "cuda"
     command: Optional[str] = None  # recorded in the result; None = this process's argv
+    prefix: str = "model"  # KV rows 0..ctx-1: the model's own over random tokens, or "random" N(0, 1)
 
     def positions(self) -> int:
         return self.check_steps + self.warmup + self.steps
@@ -106,6 +114,8 @@ def check_options(o: BenchOptions) -> None:
         raise BenchError(f"--dtype must be one of {', '.join(GATE_TOL)}, got {o.dtype!r}")
     if not o.baselines:
         raise BenchError("at least one baseline is needed (the gate and the ratio compare against it)")
+    if o.prefix not in ("model", "random"):
+        raise BenchError(f"prefix must be 'model' or 'random', got {o.prefix!r}")
     from amk.eval.baselines import BASELINES
 
     bad = [b for b in o.baselines if b not in BASELINES]
@@ -294,16 +304,46 @@ class MegakernelRunner:
 
 # ------------------------------------------------------------------------------- phases
 @torch.no_grad()
-def fill_kv_prefix(runners: Sequence, spec, ctx: int, dtype: torch.dtype, device: str, seed: int) -> None:
-    """The same random K/V rows 0..ctx-1 (N(0, 1), post-RoPE layout [ctx, kv_heads,
-    head_dim]) into every runner's cache, layer by layer."""
+def model_kv_prefix(spec, weights: dict[str, torch.Tensor], ctx: int, seed: int, chunk: int = 1024):
+    """The model's own K/V over ctx random tokens: per layer (k, v), each [ctx, kv_heads,
+    head_dim] post-RoPE, from an HF prefill (sdpa, in `chunk`-token pieces) over `weights`
+    (shared, not copied)."""
+    from transformers import DynamicCache
+
+    from amk.eval.baselines import build_hf_shared
+
+    model = build_hf_shared(spec, weights)
+    model.config._attn_implementation = "sdpa"  # only the prefix: memory-lean attention
+    dev = weights["model.embed_tokens.weight"].device
+    gen = torch.Generator().manual_seed(seed + 1_000_003)
+    ids = torch.randint(0, spec.vocab_size, (ctx,), generator=gen).to(dev)
+    cache = DynamicCache(config=model.config)
+    for a in range(0, ctx, chunk):
+        b = min(a + chunk, ctx)
+        model.model(input_ids=ids[None, a:b], position_ids=torch.arange(a, b, device=dev)[None],
+                    past_key_values=cache, use_cache=True)
+    layers = getattr(cache, "layers", None)
+    kv = [(lay.keys, lay.values) for lay in layers] if layers is not None else list(zip(cache.key_cache, cache.value_cache))
+    return [(k[0].transpose(0, 1), v[0].transpose(0, 1)) for k, v in kv]
+
+
+@torch.no_grad()
+def fill_kv_prefix(runners: Sequence, spec, ctx: int, dtype: torch.dtype, device: str, seed: int,
+                   weights: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """The same K/V rows 0..ctx-1 (post-RoPE layout [ctx, kv_heads, head_dim]) into every
+    runner's cache, layer by layer: the model's own (`model_kv_prefix`) when `weights` are
+    given, else N(0, 1) rows."""
     if ctx == 0:
         return
+    prefix = model_kv_prefix(spec, weights, ctx, seed) if weights is not None else None
     gen = torch.Generator(device=torch.device(device)).manual_seed(seed + 1_000_003)
     shape = (ctx, spec.num_kv_heads, spec.head_dim)
     for layer in range(spec.num_layers):
-        k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
-        v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        if prefix is not None:
+            k, v = (t.to(dtype).contiguous() for t in prefix[layer])
+        else:
+            k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+            v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         for r in runners:
             r.write_kv(layer, k, v)
     if device.startswith("cuda"):
@@ -346,6 +386,46 @@ def correctness_gate(runners: Sequence, reference: str, tokens: Sequence[int], p
             checks[name]["passed"] = checks[name]["passed"] and all(own_argmax[name])
     return {"reference": reference, "tolerance_rel_to_max_logit": tol, "steps": len(tokens),
             "positions": [int(positions[0]), int(positions[-1])] if positions else [],
+            "passed": all(c["passed"] for c in checks.values()), "checks": checks}
+
+
+def half_correctness_gate(runners: Sequence, ref32, yardstick: str, tokens: Sequence[int],
+                          positions: Sequence[int]) -> dict:
+    """The bf16/fp16 gate (`eval/tolerance.py`): every runner's logits against `ref32`'s
+    (the fp32 reference of the same weights) under the bound `yardstick`'s (HF eager) own
+    error sets; each runner's distance to the yardstick is recorded as well."""
+    from amk.eval.tolerance import half_gate, rel_err
+
+    if not any(r.name == yardstick for r in runners):
+        raise BenchError(f"the gate's yardstick {yardstick!r} is not among the runners")
+    logits: dict[str, list[torch.Tensor]] = {r.name: [] for r in list(runners) + [ref32]}
+    own_argmax: dict[str, list[bool]] = {}
+    for tok, pos in zip(tokens, positions):
+        for r in list(runners) + [ref32]:
+            r.enqueue(tok, pos)
+            r.finish()
+            lg = r.logits().float().cpu()
+            logits[r.name].append(lg)
+            nt = r.next_token() if hasattr(r, "next_token") else None
+            if nt is not None:
+                own_argmax.setdefault(r.name, []).append(0 <= nt < lg.numel() and bool(lg[nt] == lg.max()))
+    ref = logits.pop(ref32.name)
+    res = half_gate(logits, logits[yardstick], ref)
+    checks = {}
+    for name, c in res["checks"].items():
+        vs_hf = [rel_err(a, b) for a, b in zip(logits[name], logits[yardstick])]
+        checks[name] = {
+            "passed": c["passed"], "max_rel_err": c["err_vs_fp32"], "max_rel_err_steps": c["err_vs_fp32_steps"],
+            "rel_l2": max(float((a.double() - b.double()).norm() / b.double().norm()) for a, b in zip(logits[name], ref)),
+            "max_rel_err_vs_" + yardstick: max(vs_hf),
+            "argmax_equal": c["argmax_equal"], "near_ties": c["near_ties"], "finite": c["finite"], "steps": c["steps"],
+        }
+        if name in own_argmax:
+            checks[name]["next_token_is_argmax"] = all(own_argmax[name])
+            checks[name]["passed"] = checks[name]["passed"] and all(own_argmax[name])
+    return {"reference": FP32_REFERENCE, "yardstick": yardstick, "rule": res["rule"],
+            "hf_err_vs_fp32": res["hf_err_vs_fp32"], "tolerance_rel_to_max_logit": res["bound"],
+            "steps": len(tokens), "positions": [int(positions[0]), int(positions[-1])] if positions else [],
             "passed": all(c["passed"] for c in checks.values()), "checks": checks}
 
 
@@ -481,7 +561,10 @@ def run_bench(o: BenchOptions, log=print) -> dict:
     gen = torch.Generator().manual_seed(o.seed + 7)
     tokens = torch.randint(0, spec.vocab_size, (total,), generator=gen).tolist()
     positions = list(range(o.ctx, o.ctx + total))
-    fill_kv_prefix(runners, spec, o.ctx, tdtype, o.device, o.seed)
+    half = dtype_name in HALF
+    ref32 = make_runner(FP32_REFERENCE, spec, base_w, o.kv_capacity()) if half else None
+    fill_kv_prefix(runners + ([ref32] if ref32 else []), spec, o.ctx, tdtype, o.device, o.seed,
+                   weights=base_w if o.prefix == "model" else None)
 
     for r in list(runners[1:]):
         try:
@@ -499,7 +582,12 @@ def run_bench(o: BenchOptions, log=print) -> dict:
     reference = next(n for n in REFERENCE_ORDER if any(r.name == n for r in runners))
     g = o.check_steps
     runners[0].poison(True)
-    gate = correctness_gate(runners, reference, tokens[:g], positions[:g], GATE_TOL[dtype_name])
+    if half:
+        gate = half_correctness_gate(runners, ref32, reference, tokens[:g], positions[:g])
+        del ref32  # untimed: only the gate needs it
+    else:
+        gate = correctness_gate(runners, reference, tokens[:g], positions[:g], GATE_TOL[dtype_name])
+    gate["kv_prefix"] = o.prefix
     runners[0].poison(False)
     if not gate["passed"]:
         raise GateFailed("correctness gate FAILED: no latency measured", gate)
@@ -546,7 +634,7 @@ def run_bench(o: BenchOptions, log=print) -> dict:
         "correctness": gate,
         "baseline_weights": base_w_note, "baseline_errors": baseline_errors, "skipped": optional_engines(),
         "program": {k: stats[k] for k in ("tasks", "queues", "counters", "max_hops_per_layer", "streamed_bytes")},
-        "method": {"rounds": o.steps, "warmup_rounds": o.warmup, "check_steps": o.check_steps,
+        "method": {"rounds": o.steps, "warmup_rounds": o.warmup, "check_steps": o.check_steps, "kv_prefix": o.prefix,
                    "kv_capacity": o.kv_capacity(), "positions": [positions[g + o.warmup], positions[-1]],
                    "timer": "cuda events, stream held by a spin kernel during enqueue" if cuda else "perf_counter",
                    "order": "interleaved rounds, order rotated each round", "seed": o.seed},
@@ -558,7 +646,10 @@ def run_bench(o: BenchOptions, log=print) -> dict:
 
 # ------------------------------------------------------------------------------- output
 def format_gate(gate: dict) -> str:
-    lines = [f"correctness gate vs {gate['reference']} ({gate['steps']} steps, tol {gate['tolerance_rel_to_max_logit']:g}"
+    bound = f"tol {gate['tolerance_rel_to_max_logit']:g}"
+    if "yardstick" in gate:
+        bound += f" = max(2 x {gate['yardstick']}'s {gate['hf_err_vs_fp32']:.2e}, 2^-7)"
+    lines = [f"correctness gate vs {gate['reference']} ({gate['steps']} steps, {bound}"
              f" x max|logit|): {'PASS' if gate['passed'] else 'FAIL'}",
              f"  {'variant':<14} {'max rel err':>12} {'rel L2':>10} {'argmax =':>9} {'near-tie':>9}  result"]
     for name, c in gate["checks"].items():

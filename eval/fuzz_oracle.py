@@ -13,7 +13,9 @@ position, so only the bounds differ) and ordering with vector clocks over the bl
   * a task's release publishes its clock on its counter; an acquire (a passed wait) joins
     the clocks of the releases that counter has seen *so far in this interleaving* - the
     producers that really incremented it before the wait passed. A wait for k of N
-    producers therefore learns nothing about the N - k that have not run yet;
+    producers therefore learns nothing about the N - k that have not run yet. A counter
+    of XCD scope (chiplet GPUs: queue q runs on XCD q % target.xcds) publishes a release
+    only to acquires on the releasing block's XCD; its count still reaches every block;
   * per element group: the last write epoch and the read epochs since that write
     (FastTrack style). A read unordered with the last write, or a write unordered with the
     last write or a read since, is a data race.
@@ -291,6 +293,7 @@ class _Static:
                     raise _Stop("malformed", f"queue {qi} lists task {tid}, which does not exist")
                 seen[tid] += 1
         self.queues = [list(q) for q in prog.queues if q]
+        self.queue_xcd = [qi % max(prog.target.xcds, 1) for qi, q in enumerate(prog.queues) if q]
         never = [i for i, n in enumerate(seen) if n == 0]
         twice = [i for i, n in enumerate(seen) if n > 1]
         if never:
@@ -376,6 +379,11 @@ class _Exec:
         self.waits = [tuple((w.counter, w.threshold) for w in t.waits) for t in prog.tasks]
         self.out = [t.out_counter for t in prog.tasks]
         self.nc = len(prog.counters)
+        # release-clock slot of (counter, XCD): the counter itself, or one slot per XCD when XCD-scoped
+        n_xcd, nc = max(prog.target.xcds, 1), self.nc
+        xcd_scoped = [c.scope == ir.Scope.XCD for c in prog.counters]
+        self.slots = nc + nc * n_xcd if any(xcd_scoped) else nc
+        self.slot = [[nc + c * n_xcd + x if xcd_scoped[c] else c for x in range(n_xcd)] for c in range(nc)]
         self.oob: list[Optional[str]] = [None] * nt
         arrays: list[np.ndarray] = []
         accesses: list[tuple[int, bool, int]] = []  # (task, write, region)
@@ -605,7 +613,7 @@ class _Machine:
         nq, ng = len(ex.queues), ex.ngroups
         self.qpos = [0] * nq
         self.cnt = [0] * ex.nc
-        self.cvc: list[Optional[tuple]] = [None] * ex.nc
+        self.cvc: list[Optional[tuple]] = [None] * ex.slots
         self.qvc = [(0,) * nq] * nq
         self.lwq = [-1] * ng
         self.lwp = [0] * ng
@@ -637,8 +645,9 @@ class _Machine:
         ex = self.ex
         t = ex.queues[q][self.qpos[q]]
         vc = list(self.qvc[q])
-        for c, _ in ex.waits[t]:  # acquire: the releases this counter has seen so far
-            rel = self.cvc[c]
+        x = ex.st.queue_xcd[q]
+        for c, _ in ex.waits[t]:  # acquire: the releases this counter has seen so far (in scope)
+            rel = self.cvc[ex.slot[c][x]]
             if rel is not None:
                 vc = [a if a >= b else b for a, b in zip(vc, rel)]
         e = self.qpos[q] + 1
@@ -676,8 +685,8 @@ class _Machine:
         vt = tuple(vc)
         c = ex.out[t]
         self.cnt[c] += 1
-        rel = self.cvc[c]
-        self.cvc[c] = vt if rel is None else tuple(a if a >= b else b for a, b in zip(vt, rel))
+        rel = self.cvc[ex.slot[c][x]]
+        self.cvc[ex.slot[c][x]] = vt if rel is None else tuple(a if a >= b else b for a, b in zip(vt, rel))
         self.qvc[q] = vt
         self.qpos[q] = e
         self.done_tasks += 1

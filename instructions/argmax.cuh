@@ -2,11 +2,47 @@
 // torch.argmax  (ir.ArgmaxParams)
 #pragma once
 #include "common.cuh"
+#include "vec.cuh"
+
+#ifndef AMK_ARGMAX_UNROLL
+#define AMK_ARGMAX_UNROLL 4  // 16-byte loads in flight per thread
+#endif
 
 AMK_DEVICE bool amk_argmax_better(float a, int ia, float b, int ib) {
   const bool an = amk_isnan(a), bn = amk_isnan(b);
   if (an || bn) return an && (!bn || ia < ib);
   return a > b || (a == b && ia < ib);
+}
+
+// This thread's best over the 16-byte vectors of x[0:n) (x contiguous from element `off`);
+// returns how many leading elements the vectors covered (0 when x is not 16-byte aligned).
+// The winner does not depend on which thread saw which element: ties go to the lower index.
+template <int DT>
+AMK_DEVICE int amk_argmax_vec(const AmkBuffer& xb, amk_i64 off, int n, float& best, int& bi) {
+  using F = AmkWFmt<DT>;
+  constexpr int U = AMK_ARGMAX_UNROLL;
+  const char* base = (const char*)xb.ptr + off * (F::BITS / 8);
+  if (((unsigned long long)base) % 16 != 0) return 0;
+  const int nvec = n / F::VEC;
+#pragma unroll 1
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += blockDim.x * U) {
+    amk_u32x4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + u * (int)blockDim.x < nvec) raw[u] = amk_ld16(base + (amk_i64)(v0 + u * blockDim.x) * 16);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * blockDim.x;
+      if (v >= nvec) break;
+#pragma unroll
+      for (int j = 0; j < F::VEC; ++j) {
+        const float val = F::get(raw[u], j);
+        const int i = v * F::VEC + j;
+        if (bi == n || amk_argmax_better(val, i, best, bi)) best = val, bi = i;
+      }
+    }
+  }
+  return nvec * F::VEC;
 }
 
 AMK_DEVICE long long amk_smem_argmax(const AmkTask&) { return 2 * AMK_WARP_SIZE; }
@@ -21,7 +57,13 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
   const int n = t.ip[AMK_P_N];
   float best = amk_neg_inf();
   int bi = n;  // sentinel: loses to any real index
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  int done = 0;  // elements covered by 16-byte vectors
+  if (x.count <= 1) {
+    if (xb.dtype == AMK_DTYPE_F32) done = amk_argmax_vec<AMK_DTYPE_F32>(xb, x.off, n, best, bi);
+    else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
+    else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
+  }
+  for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
     const float v = amk_load(xb, amk_flat(x, i));
     if (bi == n || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
   }

@@ -2,46 +2,255 @@
 // ir.AttnCombineParams).
 //
 // ATTN_PARTIAL computes exactly sum_j exp(t_j - m) v_j with m the split's maximum (no online
-// rescaling): pass 1 computes every score t_j = scale * q.k_j (one warp per position, the
-// head's k row in registers, all q heads) and the maximum; the first `score_cap` scores per
-// head stay in shared memory, later ones are recomputed in pass 2 (bit-identical: same code).
-// Pass 2 walks tiles of AMK_ATTN_TILE positions: p = exp(t - m) into shared memory, then each
-// thread accumulates its (head, dim) outputs over the tile.
+// rescaling), in two passes over the split's rows [j0, j1):
+//   pass 1: every score t_j = scale * q.k_j for all q heads; the maximum per head (an atomic
+//           max on an order-preserving integer key: exact, so the result does not depend on
+//           the order); the first `score_cap` scores per head stay in shared memory.
+//   pass 2: tiles of score_cap rows (the first tile reuses the cached scores, later ones
+//           recompute theirs with the same code, bit for bit): p = exp(t - m), l += sum p,
+//           o += sum p v.
+// A row of head_dim elements is split over G lanes (G = head_dim / VEC rounded up to a power
+// of two, VEC elements per 16-byte load), so one warp covers 32/G rows at a time and every
+// lane keeps AMK_ATTN_UNROLL rows' loads in flight: the K and V bytes stream like the GEMV
+// weights do instead of one 2-byte load per lane and row. Rows that are not 16-byte aligned
+// take element loads with the same lane layout. The P.V pass accumulates AMK_ATTN_HB query
+// heads at a time in registers; warps reduce across their row groups with shuffles and across
+// warps through shared memory in a fixed order (deterministic).
 //
-// Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | wmax[nwarps*QH] | p[QH*TILE] | cache[QH*cap]
+// Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | mkey[QH] | wpart[nwarps*HB*hd] | cache[QH*cap]
 #pragma once
 #include "common.cuh"
+#include "vec.cuh"
 
-#ifndef AMK_ATTN_TILE
-#define AMK_ATTN_TILE 64
+#ifndef AMK_ATTN_HB
+#define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
 #endif
-#define AMK_ATTN_MAX_KREG (AMK_MAX_HEAD_DIM / AMK_WARP_SIZE)
+#ifndef AMK_ATTN_UNROLL
+#define AMK_ATTN_UNROLL 2  // K/V rows per lane loaded before the first use (4 spills beside gemv_unroll 8)
+#endif
 
 AMK_DEVICE long long amk_smem_attn_partial(const AmkTask& t, int nwarps) {
   const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], hd = t.ip[AMK_P_ATTN_HEAD_DIM];
-  return 2 * qh * hd + 2 * qh + nwarps * qh + qh * AMK_ATTN_TILE + qh * t.ip[AMK_P_ATTN_SCORE_CAP];
+  return 2 * qh * hd + 3 * qh + (long long)nwarps * AMK_ATTN_HB * hd + qh * t.ip[AMK_P_ATTN_SCORE_CAP];
 }
 
-// One warp: the scores of position j for every q head; `emit(h, t)` runs in lane 0.
-template <typename Emit>
-AMK_DEVICE void amk_attn_scores(const AmkBuffer& kb, const AmkOperand& k, const float* qs, int j, int hd, int qh,
-                                float scale, Emit emit) {
-  const int lane = amk_lane();
-  float kr[AMK_ATTN_MAX_KREG];
+// Order-preserving int key of a float (larger float, larger key; NaN above +inf), so that
+// an integer atomic max is an exact float max.
+AMK_DEVICE int amk_order_key(float f) {
+  const int i = __float_as_int(f);
+  return i >= 0 ? i : i ^ 0x7fffffff;
+}
+AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff); }
+
+// The rows of one KV-cache operand (row j, element d at j * width + off + d; F32, BF16 or
+// F16) and how the lanes of a warp share them: a lane holds AMK_KV_LANE floats of a row,
+// NV 16-byte vectors of VEC elements (chunk ch = sub + c * G, c < NV).
+#define AMK_KV_LANE 8
+struct AmkKvRows {
+  const AmkBuffer* b;
+  amk_i64 off, width;
+  int hd, dt, bytes;
+  int VEC, NV;  // elements per 16-byte vector; vectors per lane and row
+  bool vec;     // every row 16-byte aligned and hd a multiple of VEC: vector loads, else element loads
+  int C, G, R;  // VEC-element chunks per row, lanes per row (power of two), rows per warp
+};
+
+AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd) {
+  AmkKvRows r;
+  r.b = &b, r.off = o.off, r.width = b.width, r.hd = hd, r.dt = b.dtype;
+  r.bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
+  r.VEC = 16 / r.bytes;
+  r.NV = AMK_KV_LANE / r.VEC;
+  r.vec = hd % r.VEC == 0 && (b.ptr + (unsigned long long)(o.off * r.bytes)) % 16 == 0 && (b.width * r.bytes) % 16 == 0;
+  r.C = (hd + r.VEC - 1) / r.VEC;
+  r.G = 1;
+  while (r.G < r.C && r.G < AMK_WARP_SIZE) r.G <<= 1;
+  r.R = AMK_WARP_SIZE / r.G;
+  return r;
+}
+
+// Element j of a 16-byte vector holding F32, BF16 or F16 values.
+AMK_DEVICE float amk_v16_get(const amk_u32x4& v, int j, int dt) {
+  if (dt == AMK_DTYPE_F32) return __uint_as_float(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w);
+  const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+  const unsigned short h = (unsigned short)(j & 1 ? u >> 16 : u & 0xffffu);
+  return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+}
+
+// One element of a KV row (F32, BF16 or F16).
+AMK_DEVICE float amk_kv_elem(const AmkKvRows& r, amk_i64 e) {
+  if (r.bytes == 4) return ((const float*)r.b->ptr)[e];
+  const unsigned short h = ((const unsigned short*)r.b->ptr)[e];
+  return r.dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+}
+
+// This lane's AMK_KV_LANE floats of row j (zeros outside the row, or for j < 0); float x is
+// element x % VEC of vector x / VEC. Every index into `out` is a compile-time constant, so
+// the caller's arrays stay in registers.
+AMK_DEVICE void amk_kv_load(const AmkKvRows& r, int j, int sub, float* out) {
 #pragma unroll
-  for (int i = 0; i < AMK_ATTN_MAX_KREG; ++i) {
-    const int d = lane + i * AMK_WARP_SIZE;
-    kr[i] = d < hd ? amk_load(kb, amk_kv(k, kb, j, d)) : 0.0f;
-  }
-  for (int h = 0; h < qh; ++h) {
-    float s = 0.0f;
+  for (int x = 0; x < AMK_KV_LANE; ++x) out[x] = 0.0f;
+  if (j < 0) return;
+  const amk_i64 row = (amk_i64)j * r.width + r.off;
+  if (r.vec && r.bytes == 2) {  // one vector of 8 halves
+    if (sub < r.C) {
+      const amk_u32x4 raw = amk_ld16((const char*)r.b->ptr + (row + (amk_i64)sub * 8) * 2);
 #pragma unroll
-    for (int i = 0; i < AMK_ATTN_MAX_KREG; ++i) {
-      const int d = lane + i * AMK_WARP_SIZE;
-      if (d < hd) s += qs[h * hd + d] * kr[i];
+      for (int i = 0; i < 8; ++i) out[i] = amk_v16_get(raw, i, r.dt);
     }
-    s = amk_warp_sum(s);
-    if (lane == 0) emit(h, amk_mul(s, scale));
+  } else if (r.vec) {  // two vectors of 4 floats
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int ch = sub + c * r.G;
+      if (ch >= r.C) continue;
+      const amk_u32x4 raw = amk_ld16((const char*)r.b->ptr + (row + (amk_i64)ch * 4) * 4);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[c * 4 + i] = amk_v16_get(raw, i, AMK_DTYPE_F32);
+    }
+  } else {  // unaligned rows: element loads, same layout
+#pragma unroll
+    for (int x = 0; x < AMK_KV_LANE; ++x) {
+      const int c = x / r.VEC, d = (sub + c * r.G) * r.VEC + x % r.VEC;
+      if (c < r.NV && d < r.hd) out[x] = amk_kv_elem(r, row + d);
+    }
+  }
+}
+
+// Dimension of a lane's float x (>= hd: none).
+AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
+  const int c = x / r.VEC;
+  return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
+}
+
+// Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
+// into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
+// (mkey == nullptr): every row cached the same way.
+AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
+                                int* mkey, float* cache, int cap) {
+  constexpr int U = AMK_ATTN_UNROLL;
+  const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
+  const int step = amk_nwarps() * K.R;
+  int dim[AMK_KV_LANE];
+#pragma unroll
+  for (int x = 0; x < AMK_KV_LANE; ++x) dim[x] = amk_kv_dim(K, sub, x);
+#pragma unroll 1
+  for (int jw = ja + amk_warp() * K.R; jw < jb; jw += step * U) {  // warp-uniform: shuffles below are safe
+    float kf[U][AMK_KV_LANE];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = jw + u * step + grp;
+      amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = jw + u * step + grp;
+#pragma unroll 1
+      for (int h = 0; h < qh; ++h) {
+        float s = 0.0f;
+#pragma unroll
+        for (int x = 0; x < AMK_KV_LANE; ++x)
+          if (dim[x] < hd) s += qs[h * hd + dim[x]] * kf[u][x];
+        for (int m = K.G / 2; m > 0; m >>= 1) s += amk_shfl_xor(s, m);
+        if (sub == 0 && j < jb) {
+          const float t = amk_round(qdt, amk_mul(amk_round(qdt, s), scale));  // HF: rnd(rnd(q.k) * scale)
+          if (mkey != nullptr) atomicMax(&mkey[h], amk_order_key(t));
+          if (j - ja < cap) cache[h * cap + (j - ja)] = t;
+        }
+      }
+    }
+  }
+}
+
+// o[h] += sum_{jj < tn} p[h * cap + jj] * v_{jt + jj} for every q head; all threads, ends
+// with a barrier. wpart: nwarps * HB * hd words of scratch.
+AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
+                            float* wpart) {
+  constexpr int U = AMK_ATTN_UNROLL, HB = AMK_ATTN_HB;
+  const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps(), grp = lane / V.G, sub = lane % V.G;
+  const int hd = V.hd, step = nw * V.R;
+#pragma unroll 1
+  for (int hb = 0; hb < qh; hb += HB) {
+    float acc[HB][AMK_KV_LANE];
+#pragma unroll
+    for (int hh = 0; hh < HB; ++hh)
+#pragma unroll
+      for (int x = 0; x < AMK_KV_LANE; ++x) acc[hh][x] = 0.0f;
+#pragma unroll 1
+    for (int rw = warp * V.R; rw < tn; rw += step * U) {
+      float vf[U][AMK_KV_LANE];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int jj = rw + u * step + grp;
+        amk_kv_load(V, jj < tn ? jt + jj : -1, sub, vf[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int jj = rw + u * step + grp;
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) {
+          const float pw = jj < tn && hb + hh < qh ? p[(hb + hh) * cap + jj] : 0.0f;
+#pragma unroll
+          for (int x = 0; x < AMK_KV_LANE; ++x) acc[hh][x] += pw * vf[u][x];
+        }
+      }
+    }
+    // sum the row groups of this warp (lanes sub, sub + G, ...), then the warps in order
+#pragma unroll 1
+    for (int m = V.G; m < AMK_WARP_SIZE; m <<= 1)
+#pragma unroll
+      for (int hh = 0; hh < HB; ++hh)
+#pragma unroll
+        for (int x = 0; x < AMK_KV_LANE; ++x) acc[hh][x] += amk_shfl_xor(acc[hh][x], m);
+    if (grp == 0) {
+#pragma unroll
+      for (int x = 0; x < AMK_KV_LANE; ++x) {
+        const int d = amk_kv_dim(V, sub, x);
+        if (d >= hd) continue;
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) wpart[(warp * HB + hh) * hd + d] = acc[hh][x];
+      }
+    }
+    amk_syncthreads();
+    for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
+      const int hh = idx / hd, d = idx - hh * hd;
+      if (hb + hh >= qh) continue;
+      float s = 0.0f;
+      for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
+      o[(hb + hh) * hd + d] += s;
+    }
+    amk_syncthreads();
+  }
+}
+
+AMK_DEVICE void amk_attn_partial_rows(const AmkKvRows& K, const AmkKvRows& V, const float* qs, float* o, float* mh,
+                                      float* lh, int* mkey, float* wpart, float* cache, int cap, int j0, int j1,
+                                      int qh, float scale, int qdt) {
+  // pass 1: scores, the maximum per head, the first cap scores cached
+  amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
+  amk_syncthreads();
+  for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
+  amk_syncthreads();
+
+  // pass 2: tiles of cap rows
+  const int nw = amk_nwarps(), warp = amk_warp(), lane = amk_lane();
+  for (int jt = j0; jt < j1; jt += cap) {
+    const int tn = min(cap, j1 - jt);
+    if (jt != j0) {
+      amk_attn_scores(K, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
+      amk_syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
+      const int h = idx / tn, jj = idx - h * tn;
+      cache[h * cap + jj] = amk_exp(amk_sub(cache[h * cap + jj], mh[h]));
+    }
+    amk_syncthreads();
+    for (int h = warp; h < qh; h += nw) {  // l: one warp per head, fixed order
+      float s = 0.0f;
+      for (int jj = lane; jj < tn; jj += AMK_WARP_SIZE) s += cache[h * cap + jj];
+      s = amk_warp_sum(s);
+      if (lane == 0) lh[h] = amk_add(lh[h], s);
+    }
+    amk_attn_pv(V, cache, cap, jt, tn, qh, o, wpart);
   }
 }
 
@@ -51,10 +260,9 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   const int splits = t.ip[AMK_P_ATTN_SPLITS], split = t.ip[AMK_P_ATTN_SPLIT], block = t.ip[AMK_P_ATTN_BLOCK];
   const int cap = t.ip[AMK_P_ATTN_SCORE_CAP];
   const float scale = t.fp[AMK_F_ATTN_SCALE];
-  const int nw = amk_nwarps(), warp = amk_warp(), lane = amk_lane();
-  constexpr int T = AMK_ATTN_TILE;
-  if (hd > AMK_MAX_HEAD_DIM) {
-    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, hd);
+  const int nw = amk_nwarps();
+  if (hd > AMK_MAX_HEAD_DIM || cap < 1) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, hd, cap);
     return;
   }
   float* qs = amk_smem(c, amk_smem_attn_partial(t, nw));
@@ -62,65 +270,35 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   float* o = qs + qh * hd;
   float* mh = o + qh * hd;
   float* lh = mh + qh;
-  float* wmax = lh + qh;
-  float* pt = wmax + nw * qh;
-  float* cache = pt + qh * T;
+  int* mkey = (int*)(lh + qh);
+  float* wpart = (float*)(mkey + qh);
+  float* cache = wpart + nw * AMK_ATTN_HB * hd;
 
   const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
   if (!amk_check_pos(c, pos)) return;
   const int len = pos + 1;
   const int per = (len + splits - 1) / splits;
   const int chunk = (per + block - 1) / block * block;
-  const int j0 = split * chunk;
+  const int j0 = min(split * chunk, len);
   const int j1 = min(j0 + chunk, len);
 
   const AmkOperand &q = amk_in(c, AMK_ROLE_Q), &k = amk_in(c, AMK_ROLE_K), &v = amk_in(c, AMK_ROLE_V);
   const AmkBuffer &qb = amk_buf(c, q), &kb = amk_buf(c, k), &vb = amk_buf(c, v);
+  if (kb.dtype != vb.dtype) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype, vb.dtype);
+    return;
+  }
   for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) qs[i] = amk_load(qb, amk_flat(q, i)), o[i] = 0.0f;
-  for (int i = threadIdx.x; i < nw * qh; i += blockDim.x) wmax[i] = amk_neg_inf();
+  for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
   amk_syncthreads();
 
-  // pass 1: scores and the per-head maximum
-  for (int j = j0 + warp; j < j1; j += nw)
-    amk_attn_scores(kb, k, qs, j, hd, qh, scale, [&](int h, float s) {
-      wmax[warp * qh + h] = fmaxf(wmax[warp * qh + h], s);
-      if (j - j0 < cap) cache[h * cap + (j - j0)] = s;
-    });
-  amk_syncthreads();
-  for (int h = threadIdx.x; h < qh; h += blockDim.x) {
-    float m = amk_neg_inf();
-    for (int w = 0; w < nw; ++w) m = fmaxf(m, wmax[w * qh + h]);
-    mh[h] = m;
-    lh[h] = 0.0f;
+  if (kb.dtype != AMK_DTYPE_F32 && kb.dtype != AMK_DTYPE_BF16 && kb.dtype != AMK_DTYPE_F16) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype);
+    return;
   }
+  amk_attn_partial_rows(amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap, j0,
+                        j1, qh, scale, qb.dtype);
   amk_syncthreads();
-
-  // pass 2: p = exp(t - m); o += p v; l += p
-  for (int jt = j0; jt < j1; jt += T) {
-    const int tn = min(T, j1 - jt);
-    for (int jj = warp; jj < tn; jj += nw) {
-      const int j = jt + jj;
-      if (j - j0 < cap) {
-        for (int h = lane; h < qh; h += AMK_WARP_SIZE) pt[h * T + jj] = amk_exp(amk_sub(cache[h * cap + (j - j0)], mh[h]));
-      } else {
-        amk_attn_scores(kb, k, qs, j, hd, qh, scale,
-                        [&](int h, float s) { pt[h * T + jj] = amk_exp(amk_sub(s, mh[h])); });
-      }
-    }
-    amk_syncthreads();
-    for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
-      const int h = i / hd, d = i - h * hd;
-      float a = o[i];
-      for (int jj = 0; jj < tn; ++jj) a += pt[h * T + jj] * amk_load(vb, amk_kv(v, vb, jt + jj, d));
-      o[i] = a;
-    }
-    for (int h = threadIdx.x; h < qh; h += blockDim.x) {
-      float l = lh[h];
-      for (int jj = 0; jj < tn; ++jj) l = amk_add(l, pt[h * T + jj]);
-      lh[h] = l;
-    }
-    amk_syncthreads();
-  }
 
   const AmkOperand &oo = t.out[0], &ml = t.out[1];
   const AmkBuffer &ob = amk_buf(c, oo), &mb = amk_buf(c, ml);
@@ -132,21 +310,46 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 }
 
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
+// The (m, l) pairs of every split are staged once with parallel loads; the weights and the
+// denominator per head follow in shared memory; each output element then sums its splits
+// with independent loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
+AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
+  const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
+  return 2 * splits * qh + qh;
+}
+
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
+  float* wm = amk_smem(c, amk_smem_attn_combine(t));
+  if (!wm) return;
+  float* ls = wm + splits * qh;
+  float* den = ls + splits * qh;
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
   const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml), &yb = amk_buf(c, y);
-  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
-    const int h = i / hd, d = i - h * hd;
+  for (int i = threadIdx.x; i < splits * qh; i += blockDim.x) {
+    wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
+    ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
+  }
+  amk_syncthreads();
+  for (int h = threadIdx.x; h < qh; h += blockDim.x) {
     float mx = amk_neg_inf();
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, amk_load(mb, amk_flat(ml, 2 * (s * qh + h))));
-    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, wm[s * qh + h]);
+    float d = 0.0f;
     for (int s = 0; s < splits; ++s) {
-      const float w = amk_exp(amk_sub(amk_load(mb, amk_flat(ml, 2 * (s * qh + h))), mx));
-      num = amk_add(num, amk_mul(w, amk_load(pb, amk_flat(po, ((amk_i64)s * qh + h) * hd + d))));
-      den = amk_add(den, amk_mul(w, amk_load(mb, amk_flat(ml, 2 * (s * qh + h) + 1))));
+      const float w = amk_exp(amk_sub(wm[s * qh + h], mx));
+      wm[s * qh + h] = w;
+      d = amk_add(d, amk_mul(w, ls[s * qh + h]));
     }
-    amk_store(yb, amk_flat(y, i), amk_div(num, den));
+    den[h] = d;
+  }
+  amk_syncthreads();
+  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
+    const int h = i / hd;
+    float num = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s)
+      num = amk_add(num, amk_mul(wm[s * qh + h], amk_load(pb, amk_flat(po, (amk_i64)s * qh * hd + i))));
+    amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
   }
 }

@@ -56,6 +56,16 @@ AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
   }
 }
 
+// v rounded to a float dtype's precision and back (RNE), as a store then a load would:
+// the half-precision rounding points of ir.py Numerics. F32 (and any other dtype): v.
+AMK_DEVICE float amk_round(int dtype, float v) {
+  switch (dtype) {
+    case AMK_DTYPE_BF16: return amk_bf16_to_f32(amk_f32_to_bf16(v));
+    case AMK_DTYPE_F16: return amk_f16_to_f32(amk_f32_to_f16(v));
+    default: return v;
+  }
+}
+
 AMK_DEVICE void amk_store(const AmkBuffer& b, amk_i64 i, float v) {
   char* p = (char*)b.ptr;
   switch (b.dtype) {

@@ -1,8 +1,10 @@
 // The GEMV / split-K REDUCE epilogue: what happens to each finished row value
-// a = acc (+ bias)  (ir.GemvParams, "Order of the epilogue").
-//   STORE y = a;  ADD y = residual + a;  SILU_MUL y = silu(a_gate) * a_up;
+// a = rnd(acc (+ bias))  (ir.GemvParams, "Order of the epilogue").
+//   STORE y = a;  ADD y = residual + a;  SILU_MUL y = rnd(silu(a_gate)) * rnd(a_up);
 //   ROPE / ROPE_APPEND: per head optional head RMSNorm, then rotate-half RoPE;
 //   APPEND: cache row[pos] = a.
+// rnd rounds to y's dtype (the half-precision rounding points of ir.py Numerics, where the
+// unfused ops' stores would round); for an F32 y it does nothing.
 #pragma once
 #include "common.cuh"
 #include "rmsnorm.cuh"
@@ -24,6 +26,7 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
   }
   const bool has_bias = t.ip[AMK_P_HAS_BIAS] != 0;
   const AmkOperand* bias = has_bias ? &amk_in(c, AMK_ROLE_BIAS) : nullptr;
+  const int dt = yb.dtype;
   switch (ep) {
     case AMK_EPILOGUE_STORE:
     case AMK_EPILOGUE_ADD:
@@ -32,6 +35,7 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
       for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float a = acc[r];
         if (bias) a = amk_add(a, amk_in_at(c, *bias, r));
+        a = amk_round(dt, a);
         if (res) a = amk_add(amk_in_at(c, *res, r), a);  // read before the (in-place) store
         amk_store(yb, amk_out_index(y, yb, pos, r), a);
       }
@@ -39,7 +43,8 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
     }
     case AMK_EPILOGUE_SILU_MUL:
       for (int r = threadIdx.x; r < rows; r += blockDim.x)
-        amk_store(yb, amk_flat(y, r), amk_mul(amk_silu(acc[2 * r]), acc[2 * r + 1]));
+        amk_store(yb, amk_flat(y, r),
+                  amk_mul(amk_round(dt, amk_silu(amk_round(dt, acc[2 * r]))), amk_round(dt, acc[2 * r + 1])));
       break;
     case AMK_EPILOGUE_ROPE:
     case AMK_EPILOGUE_ROPE_APPEND: {
@@ -52,10 +57,13 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
       const bool head_norm = t.ip[AMK_P_HAS_HEAD_NORM] != 0;
       for (int h = amk_warp(); h < heads; h += amk_nwarps()) {
         float* head = acc + h * hd;
-        if (bias)
-          for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) head[i] = amk_add(head[i], amk_in_at(c, *bias, (amk_i64)h * hd + i));
+        for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) {
+          float a = head[i];
+          if (bias) a = amk_add(a, amk_in_at(c, *bias, (amk_i64)h * hd + i));
+          head[i] = amk_round(dt, a);
+        }
         amk_syncwarp();
-        if (head_norm) amk_warp_head_norm(c, head, hd, amk_in(c, AMK_ROLE_HEAD_GAMMA), t.fp[AMK_F_HEAD_NORM_EPS]);
+        if (head_norm) amk_warp_head_norm(c, head, hd, amk_in(c, AMK_ROLE_HEAD_GAMMA), t.fp[AMK_F_HEAD_NORM_EPS], dt);
         amk_warp_rope(c, head, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), y, (amk_i64)h * hd);
       }
       break;

@@ -12,11 +12,12 @@
 #pragma once
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
+#include "vec.cuh"
 
 // 16-byte loads in flight per lane (per matrix): float formats, quantized formats (whose
 // vectors carry 16 or 32 weights and so need more registers to unpack).
 #ifndef AMK_GEMV_UNROLL
-#define AMK_GEMV_UNROLL 4
+#define AMK_GEMV_UNROLL 8  // 254 registers on sm_80/sm_90 without spills (12 spills)
 #endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 2
@@ -94,44 +95,6 @@ AMK_DEVICE float amk_w_at(const AmkGemvW& w, int r, int c) {
   return amk_dequant(w, q, amk_w_scale(w, r, c), amk_w_zero(w, r, c));
 }
 
-// ---------------------------------------------------------------- 16-byte vector formats
-template <int DT> struct AmkWFmt;
-template <> struct AmkWFmt<AMK_DTYPE_F32> {
-  static constexpr int VEC = 4, BITS = 32, UNROLL = AMK_GEMV_UNROLL;
-  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
-    return __uint_as_float(u);
-  }
-};
-template <> struct AmkWFmt<AMK_DTYPE_BF16> {
-  static constexpr int VEC = 8, BITS = 16, UNROLL = AMK_GEMV_UNROLL;
-  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
-    return amk_bf16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
-  }
-};
-template <> struct AmkWFmt<AMK_DTYPE_F16> {
-  static constexpr int VEC = 8, BITS = 16, UNROLL = AMK_GEMV_UNROLL;
-  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
-    return amk_f16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
-  }
-};
-template <> struct AmkWFmt<AMK_DTYPE_I8> {
-  static constexpr int VEC = 16, BITS = 8, UNROLL = AMK_GEMV_UNROLL_Q;
-  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 2) == 0 ? v.x : (j >> 2) == 1 ? v.y : (j >> 2) == 2 ? v.z : v.w;
-    return (float)(signed char)((u >> (8 * (j & 3))) & 0xffu);
-  }
-};
-template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8) (low nibble first)
-  static constexpr int VEC = 32, BITS = 4, UNROLL = AMK_GEMV_UNROLL_Q;
-  static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 3) == 0 ? v.x : (j >> 3) == 1 ? v.y : (j >> 3) == 2 ? v.z : v.w;
-    return (float)((u >> (4 * (j & 7))) & 15u);
-  }
-};
-
 // Can every row of this matrix be streamed with aligned 16-byte vectors, one scale per vector?
 template <int DT>
 AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w) {
@@ -147,8 +110,8 @@ template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
                                  float& a2) {
   using F = AmkWFmt<DT>;
-  constexpr int U = F::UNROLL;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  constexpr int U = Q ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
   const int nvec = K / F::VEC;
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
@@ -248,7 +211,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     const AmkBuffer& gb = amk_buf(c, g);
     for (int i = threadIdx.x; i < K; i += blockDim.x)
-      xs[i] = amk_mul(amk_mul(amk_load(xb, amk_flat(x, k_lo + i)), inv), amk_load(gb, amk_flat(g, k_lo + i)));
+      xs[i] = amk_rms_apply(amk_load(xb, amk_flat(x, k_lo + i)), inv, amk_load(gb, amk_flat(g, k_lo + i)), xb.dtype);
   } else {
     for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = amk_load(xb, amk_flat(x, i));
   }

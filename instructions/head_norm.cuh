@@ -14,7 +14,7 @@ AMK_DEVICE void amk_op_head_norm(const AmkCtx& c) {
   const AmkBuffer& yb = amk_buf(c, y);
   for (int h = amk_warp(); h < heads; h += amk_nwarps()) {
     float* head = xs + h * hd;
-    amk_warp_head_norm(c, head, hd, g, t.fp[AMK_F_HEADS_EPS]);
+    amk_warp_head_norm(c, head, hd, g, t.fp[AMK_F_HEADS_EPS], yb.dtype);
     for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) amk_store(yb, amk_flat(y, (amk_i64)h * hd + i), head[i]);
   }
 }

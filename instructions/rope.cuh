@@ -5,19 +5,23 @@
 
 // One warp rotates a head h[0:hd) (shared memory) and stores it to elements
 // e0 .. e0+hd of output operand y (flat, or KV row pos for kv == APPEND):
-//   y[i] = h[i] cos - h[i+d/2] sin,  y[i+d/2] = h[i+d/2] cos + h[i] sin,  angle = pos * inv_freq[i].
+//   y[i] = h[i] cos - h[i+d/2] sin,  y[i+d/2] = h[i+d/2] cos + h[i] sin,  angle = pos * inv_freq[i],
+// cos, sin and each product rounded to y's dtype (HF's half-precision RoPE; F32: no-ops).
 AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, const AmkOperand& inv_freq,
                               const AmkOperand& y, amk_i64 e0) {
   const AmkBuffer& fb = amk_buf(c, inv_freq);
   const AmkBuffer& yb = amk_buf(c, y);
   const int half = hd / 2;
   const float p = (float)pos;
+  const int dt = yb.dtype;
   for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
     const float ang = amk_mul(p, amk_load(fb, amk_flat(inv_freq, i)));
-    const float cs = amk_cos(ang), sn = amk_sin(ang);
+    const float cs = amk_round(dt, amk_cos(ang)), sn = amk_round(dt, amk_sin(ang));
     const float x1 = h[i], x2 = h[i + half];
-    amk_store(yb, amk_out_index(y, yb, pos, e0 + i), amk_sub(amk_mul(x1, cs), amk_mul(x2, sn)));
-    amk_store(yb, amk_out_index(y, yb, pos, e0 + i + half), amk_add(amk_mul(x2, cs), amk_mul(x1, sn)));
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i),
+              amk_sub(amk_round(dt, amk_mul(x1, cs)), amk_round(dt, amk_mul(x2, sn))));
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i + half),
+              amk_add(amk_round(dt, amk_mul(x2, cs)), amk_round(dt, amk_mul(x1, sn))));
   }
 }
 

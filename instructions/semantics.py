@@ -24,6 +24,13 @@ The choices the IR leaves open are fixed here (the CUDA kernels must follow them
   * ARGMAX returns the first index of the maximum; a NaN counts as larger than any
     number (torch's rule), so the first NaN wins.
   * silu(g) = g * sigmoid(g) (torch.nn.functional.silu).
+
+Half-precision rounding points (ir.py Numerics): an op also rounds some intermediate
+values to a half-precision dtype where Hugging Face's half-precision Llama makes a
+half-precision tensor. Each function takes them as rounders (`rnd`, GEMV's `x_rnd`:
+fp32 -> that dtype -> fp32, round-to-nearest-even), which `rounding_points` derives from
+the operands' buffer dtypes; the default (and any fp32 buffer) is the identity, so fp32
+programs compute exactly as above.
 """
 
 from __future__ import annotations
@@ -53,7 +60,36 @@ from amk.schedule.ir import (
 from amk.schedule.opspec import ROPE_EPILOGUES, gemv_rows_width
 
 F32 = torch.float32
+HALF = (torch.bfloat16, torch.float16)
 Tensor = torch.Tensor
+Round = Callable[[Tensor], Tensor]
+
+
+def keep(t: Tensor) -> Tensor:
+    """The identity rounder: fp32 results stay as computed."""
+    return t
+
+
+def rounder(dtype: Optional[torch.dtype]) -> Round:
+    """Round fp32 values to a half-precision dtype and back (RNE); any other dtype: `keep`."""
+    if dtype in HALF:
+        return lambda t: t.to(dtype).to(F32)
+    return keep
+
+
+def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[torch.dtype]) -> dict[str, Round]:
+    """The rounders an op takes from its operands' storage dtypes (ir.py Numerics):
+    `rnd` rounds to the first output's dtype (ATTN_PARTIAL, whose outputs are fp32 scratch:
+    to q's dtype); GEMV's `x_rnd` rounds its RMSNorm prologue to x's dtype."""
+    op = params.op
+    if op == Op.ATTN_PARTIAL:
+        return {"rnd": rounder(in_dtypes.get("q"))}
+    kw: dict[str, Round] = {}
+    if op in (Op.RMSNORM, Op.HEAD_NORM, Op.ROPE, Op.SILU_MUL, Op.GEMV, Op.REDUCE) and out_dtypes:
+        kw["rnd"] = rounder(out_dtypes[0])
+    if op == Op.GEMV and params.norm_eps is not None:
+        kw["x_rnd"] = rounder(in_dtypes.get("x"))
+    return kw
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -71,21 +107,27 @@ def _need(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def rms_normalize(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
+def rms_scale(x: Tensor, r: Tensor, gamma: Tensor, rnd: Round = keep) -> Tensor:
+    """rnd(rnd(x * r) * gamma): HF's `weight * (x * r).to(half)`, each product rounded."""
+    return rnd(rnd(x * r) * gamma)
+
+
+def rms_normalize(x: Tensor, gamma: Tensor, eps: float, rnd: Round = keep) -> Tensor:
     """RMSNorm over the last dim: (x * rsqrt(mean(x^2) + eps)) * gamma (HF's order)."""
     r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return (x * r) * gamma
+    return rms_scale(x, r, gamma, rnd)
 
 
-def rope_rotate(x: Tensor, inv_freq: Tensor, pos: int, head_dim: int) -> Tensor:
-    """Rotate-half RoPE of every head of x (len heads*head_dim) at position pos."""
+def rope_rotate(x: Tensor, inv_freq: Tensor, pos: int, head_dim: int, rnd: Round = keep) -> Tensor:
+    """Rotate-half RoPE of every head of x (len heads*head_dim) at position pos; cos, sin
+    and each product rounded by `rnd` (HF: half cos/sin, q * cos + rotate_half(q) * sin)."""
     half = head_dim // 2
     _need(head_dim % 2 == 0 and inv_freq.numel() == half, f"rope: inv_freq len {inv_freq.numel()} != head_dim/2 = {half}")
     xh = x.reshape(-1, head_dim)
     ang = torch.tensor(float(pos), dtype=F32) * _vec(inv_freq)  # fp32(fp32(pos) * inv_freq)
-    cos, sin = ang.cos(), ang.sin()
+    cos, sin = rnd(ang.cos()), rnd(ang.sin())
     a, b = xh[:, :half], xh[:, half:]
-    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).reshape(-1)
+    return torch.cat([rnd(a * cos) - rnd(b * sin), rnd(b * cos) + rnd(a * sin)], dim=-1).reshape(-1)
 
 
 # ----------------------------------------------------------------------------- quantization
@@ -135,21 +177,21 @@ def embed(p: EmbedParams, token: Tensor, table: Tensor) -> Tensor:
     return table.reshape(p.vocab, -1)[t]
 
 
-def rmsnorm(p: RmsNormParams, x: Tensor, gamma: Tensor) -> Tensor:
+def rmsnorm(p: RmsNormParams, x: Tensor, gamma: Tensor, rnd: Round = keep) -> Tensor:
     """y = x[col:col+n] * rsqrt(mean(x^2) + eps) * gamma, the mean over the whole x."""
     x, gamma = _vec(x), _vec(gamma)
     _need(x.numel() == p.hidden, f"rmsnorm: x len {x.numel()} != hidden {p.hidden}")
     r = torch.rsqrt(x.pow(2).mean() + p.eps)
-    return (x[p.col : p.col + gamma.numel()] * r) * gamma
+    return rms_scale(x[p.col : p.col + gamma.numel()], r, gamma, rnd)
 
 
-def head_norm(p: HeadNormParams, x: Tensor, gamma: Tensor) -> Tensor:
+def head_norm(p: HeadNormParams, x: Tensor, gamma: Tensor, rnd: Round = keep) -> Tensor:
     """RMSNorm over each head of x separately (Qwen3 q/k norm)."""
-    return rms_normalize(x.reshape(p.heads, p.head_dim), _vec(gamma), p.eps).reshape(-1)
+    return rms_normalize(x.reshape(p.heads, p.head_dim), _vec(gamma), p.eps, rnd).reshape(-1)
 
 
-def rope(p: RopeParams, x: Tensor, inv_freq: Tensor, pos: Tensor) -> Tensor:
-    return rope_rotate(_vec(x), inv_freq, _int(pos), p.head_dim)
+def rope(p: RopeParams, x: Tensor, inv_freq: Tensor, pos: Tensor, rnd: Round = keep) -> Tensor:
+    return rope_rotate(_vec(x), inv_freq, _int(pos), p.head_dim, rnd)
 
 
 def kv_append(p: KvAppendParams, src: Tensor, pos: Tensor) -> Tensor:
@@ -157,8 +199,9 @@ def kv_append(p: KvAppendParams, src: Tensor, pos: Tensor) -> Tensor:
     return _vec(src)
 
 
-def silu_mul(p: SiluMulParams, gate: Tensor, up: Tensor) -> Tensor:
-    return F.silu(_vec(gate)) * _vec(up)
+def silu_mul(p: SiluMulParams, gate: Tensor, up: Tensor, rnd: Round = keep) -> Tensor:
+    """y = rnd(silu(gate)) * up (HF: act_fn(gate) is a half tensor before the product)."""
+    return rnd(F.silu(_vec(gate))) * _vec(up)
 
 
 def add(p: AddParams, a: Tensor, b: Tensor) -> Tensor:
@@ -171,31 +214,32 @@ def argmax(p: ArgmaxParams, logits: Tensor) -> Tensor:
 
 
 def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor] = None, *, bias=None,
-             residual=None, head_gamma=None, inv_freq=None, pos=None) -> Tensor:
-    """What a GEMV (or its REDUCE) does with its finished rows: a = acc (+ bias), then
-    STORE/APPEND: a; ADD: residual + a; SILU_MUL: silu(a_gate) * a_up;
-    ROPE/ROPE_APPEND: per head, optional head RMSNorm, then RoPE at pos."""
+             residual=None, head_gamma=None, inv_freq=None, pos=None, rnd: Round = keep) -> Tensor:
+    """What a GEMV (or its REDUCE) does with its finished rows: a = rnd(acc (+ bias)), then
+    STORE/APPEND: a; ADD: residual + a; SILU_MUL: rnd(silu(a_gate)) * rnd(a_up);
+    ROPE/ROPE_APPEND: per head, optional head RMSNorm, then RoPE at pos (each with `rnd`).
+    `rnd` makes a fused epilogue round where the standalone ops' stores would."""
     ep = p.epilogue
     _need(p.has_bias == (bias is not None), f"{ep.name}: has_bias={p.has_bias} but bias {'missing' if bias is None else 'given'}")
     _need(p.head_norm_eps is None or ep in ROPE_EPILOGUES, f"head_norm_eps is only defined for ROPE epilogues, not {ep.name}")
-    a = acc + _vec(bias) if bias is not None else acc
+    a = rnd(acc + _vec(bias) if bias is not None else acc)
     if ep in (Epilogue.STORE, Epilogue.APPEND):
         return a
     if ep == Epilogue.ADD:
         return _vec(residual) + a
     if ep == Epilogue.SILU_MUL:
         _need(bias is None, "SILU_MUL has no bias")
-        return F.silu(a) * acc_up
+        return rnd(F.silu(a)) * rnd(acc_up)
     # ROPE / ROPE_APPEND: the slab is whole heads, so head-local index = row % head_dim
     _need(p.head_dim > 0 and p.rows % p.head_dim == 0, f"{ep.name}: rows {p.rows} not whole heads of {p.head_dim}")
     if p.head_norm_eps is not None:
-        a = rms_normalize(a.reshape(-1, p.head_dim), _vec(head_gamma), p.head_norm_eps).reshape(-1)
-    return rope_rotate(a, inv_freq, _int(pos), p.head_dim)
+        a = rms_normalize(a.reshape(-1, p.head_dim), _vec(head_gamma), p.head_norm_eps, rnd).reshape(-1)
+    return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd)
 
 
 def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=None, w2=None, w2_scale=None,
          w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, *,
-         group: Optional[int] = None) -> Tensor:
+         group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
     """Rows of y = W x over columns [k_lo, k_hi), with optional RMSNorm prologue (x whole,
     normalised over all k, then sliced) and the epilogue; with split_k > 1 the raw partial
     sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up).
@@ -206,7 +250,7 @@ def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=N
     x = _vec(x)
     if p.norm_eps is not None:
         _need(x.numel() == p.k, f"gemv: norm prologue needs the whole x (len {p.k}), got {x.numel()}")
-        x = ((x * torch.rsqrt(x.pow(2).mean() + p.norm_eps)) * _vec(gamma))[p.k_lo : p.k_hi]
+        x = rms_scale(x, torch.rsqrt(x.pow(2).mean() + p.norm_eps), _vec(gamma), x_rnd)[p.k_lo : p.k_hi]
     _need(x.numel() == klen, f"gemv: x len {x.numel()} != k_hi - k_lo = {klen}")
 
     def weight(m, scale, zero):
@@ -217,11 +261,12 @@ def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=N
     acc_up = torch.mv(weight(w2, w2_scale, w2_zero), x) if p.epilogue == Epilogue.SILU_MUL else None
     if p.split_k > 1:
         return acc if acc_up is None else torch.stack([acc, acc_up], dim=-1).reshape(-1)
-    return epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos)
+    return epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos,
+                    rnd=rnd)
 
 
 def reduce(p: ReduceParams, partials: Tensor, bias=None, residual=None, head_gamma=None, inv_freq=None,
-           pos=None) -> Tensor:
+           pos=None, rnd: Round = keep) -> Tensor:
     """Sum the split-K partials [split_k, rows*m] in split order, then GEMV's epilogue."""
     m = gemv_rows_width(p)
     parts = partials.reshape(p.split_k, p.rows * m)
@@ -231,7 +276,8 @@ def reduce(p: ReduceParams, partials: Tensor, bias=None, residual=None, head_gam
     acc_up = None
     if m == 2:
         acc, acc_up = acc[0::2], acc[1::2]
-    return epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos)
+    return epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos,
+                    rnd=rnd)
 
 
 def attn_chunk(p: AttnPartialParams, pos: int) -> int:
@@ -239,9 +285,11 @@ def attn_chunk(p: AttnPartialParams, pos: int) -> int:
     return math.ceil(math.ceil((pos + 1) / p.splits) / p.block) * p.block
 
 
-def attn_partial(p: AttnPartialParams, q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+def attn_partial(p: AttnPartialParams, q: Tensor, k: Tensor, v: Tensor, pos: Tensor,
+                 rnd: Round = keep) -> tuple[Tensor, Tensor]:
     """Unnormalised attention of the q_heads sharing one KV head over split `split`:
-    o = sum_j exp(t_j - m) v_j, (m, l) = (max_j t_j, sum_j exp(t_j - m)), t_j = scale * q.k_j.
+    o = sum_j exp(t_j - m) v_j, (m, l) = (max_j t_j, sum_j exp(t_j - m)),
+    t_j = rnd(scale * rnd(q.k_j)) (HF eager: the score matmul and its scaling in q's dtype).
     k, v: the PREFIX rows 0..pos [pos+1, head_dim]. Empty split: o = 0, m = -inf, l = 0."""
     n = _int(pos) + 1
     chunk = attn_chunk(p, n - 1)
@@ -252,7 +300,7 @@ def attn_partial(p: AttnPartialParams, q: Tensor, k: Tensor, v: Tensor, pos: Ten
         return qh.new_zeros(p.q_heads * p.head_dim), ml
     ks = k.reshape(n, p.head_dim)[lo:hi]
     vs = v.reshape(n, p.head_dim)[lo:hi]
-    t = torch.tensor(p.scale, dtype=F32) * (qh @ ks.T)  # [q_heads, hi-lo]
+    t = rnd(torch.tensor(p.scale, dtype=F32) * rnd(qh @ ks.T))  # [q_heads, hi-lo]
     m = t.amax(dim=-1)
     e = torch.exp(t - m[:, None])
     o = e @ vs
@@ -291,7 +339,8 @@ SEMANTICS: dict[Op, Callable] = {
 def apply(params, inputs: dict[str, Tensor], **extra) -> tuple[Tensor, ...]:
     """Run one op on operands keyed by role: floating operands are read as fp32, integer
     ones (token, pos, quantized codes) pass as they are; returns one result per output
-    role (`opspec.output_roles`). `extra` carries what the params do not (GEMV `group`)."""
+    role (`opspec.output_roles`). `extra` carries what the params do not (GEMV `group`,
+    the rounders of `rounding_points`)."""
     args = {role: (t.to(F32) if t.dtype != F32 and t.is_floating_point() else t) for role, t in inputs.items()}
     out = SEMANTICS[params.op](params, **args, **extra)
     return out if isinstance(out, tuple) else (out,)

@@ -43,12 +43,14 @@ class ScheduleConfig(BaseModel):
         "auto",
         description=f"Attention splits of the KV positions per KV head (1..{MAX_KV_SPLITS}); one "
         "ATTN_PARTIAL task per (kv head, split), then one ATTN_COMBINE per kv head. 'auto' = "
-        "ceil(queues / kv_heads), capped by the splits the KV capacity can fill.",
+        "floor(queues / kv_heads) (every partial on its own queue), capped by the splits the KV "
+        "capacity can fill.",
     )
     kv_block: int = Field(
-        64, ge=8, le=1024,
+        16, ge=8, le=1024,
         description="Granularity (positions, a power of two) of an attention split's chunk: "
-        "chunk = ceil(ceil((pos+1)/splits)/kv_block)*kv_block.",
+        "chunk = ceil(ceil((pos+1)/splits)/kv_block)*kv_block. Small blocks keep the chunks "
+        "even (ctx 1024 over 16 splits: 80 rows each with 16, but 128 rows on 9 splits with 64).",
     )
 
     # --------------------------------------------------------------- placement
@@ -77,10 +79,27 @@ class ScheduleConfig(BaseModel):
         256, ge=64, le=1024,
         description="Threads per persistent block (Program.threads_per_block), a multiple of 32.",
     )
+    xcd_placement: Union[Auto, bool] = Field(
+        "auto",
+        description="Chiplet-aware placement on multi-XCD targets (gfx942/gfx950: 8 XCDs, each with a "
+        "private L2): every GEMV's output rows are cut into one contiguous slab per XCD whose tasks run "
+        "only on that XCD's queues (queue q runs on XCD q % xcds: workgroups are dispatched round-robin "
+        "over XCDs), attention partials stay on the XCD of their combine, and a counter whose producers "
+        "and waiters all run on one XCD gets the cheaper XCD memory scope. 'auto' = on when the target "
+        "has more than one XCD; true on a one-XCD target is refused.",
+    )
     prefetch_depth: int = Field(
         1, ge=0, le=4,
         description="VM knob (program.meta['vm']): how many upcoming tasks' weights a block "
         "starts loading before waiting on the current task's activations (0 = none).",
+    )
+
+    gemv_unroll: Union[Auto, int] = Field(
+        "auto",
+        description="VM knob (program.meta['vm'], a build define): 16-byte weight loads each lane "
+        "of a float-weight GEMV issues before using the first, per matrix (1..8). More bytes in "
+        "flight per SM stream faster until registers spill. 'auto' = the architecture's default "
+        "(8 on sm_80/sm_90, 2 on sm_120, where ptxas spends registers more freely).",
     )
 
     # --------------------------------------------------------------- fusion
@@ -138,6 +157,13 @@ class ScheduleConfig(BaseModel):
     def _slabs(cls, v):
         if v != "auto" and not 1 <= v <= 4096:
             raise ValueError("gemv_tasks_per_matrix must be 'auto' or in 1..4096")
+        return v
+
+    @field_validator("gemv_unroll")
+    @classmethod
+    def _gemv_unroll(cls, v):
+        if v != "auto" and not 1 <= v <= 8:
+            raise ValueError("gemv_unroll must be 'auto' or in 1..8")
         return v
 
     @field_validator("kv_splits")

@@ -17,7 +17,16 @@ Regions. An `Operand` names the elements a task touches in one buffer:
     (`kv=PREFIX`, a read). Positions are runtime inputs, so one program serves every token.
 
 Numerics (every op, CPU and GPU alike): operands are read and converted to fp32, all
-arithmetic is fp32, and each store rounds to the output buffer's dtype. Quantized weights
+arithmetic is fp32, and each store rounds to the output buffer's dtype. Half-precision
+rounding points: where a value would be a half-precision tensor in Hugging Face's
+half-precision Llama, it is rounded (RNE) to that dtype before it is used, the dtype being
+the output buffer's (GEMV prologue: x's; ATTN_PARTIAL: q's), so a fused op rounds where the
+unfused ops' stores would: RMSNorm y = rnd(rnd(x * r) * gamma) (also the GEMV prologue and
+the head norm); a GEMV's row a = rnd(acc (+ bias)) before its epilogue; SILU_MUL
+rnd(silu(gate)) * up; RoPE with rnd(cos), rnd(sin) and each product rounded; attention
+scores t = rnd(scale * rnd(q.k)). (HF eager also rounds the normalised softmax
+probabilities before P @ V; a split-KV partial never holds them, so that point is not
+matched.) For fp32 buffers every such rounding is the identity. Quantized weights
 dequantize as I8: w = code * scale[r, c // group]; U4: w = code * scale[r, c // group] +
 zero[r, c // group] (zero holds the group minimum), codes unsigned 0..15 packed two per
 byte, element e in byte e // 2, low nibble first. Scale/zero companions have shape
@@ -97,6 +106,18 @@ class KvMode(enum.IntEnum):
     PREFIX = 2
 
 
+class Scope(enum.IntEnum):
+    """Memory scope of a counter's release (signal) and acquire (wait).
+
+    DEVICE orders memory for every block of the GPU. XCD orders it only among blocks of
+    one XCD chiplet (AMD gfx942/gfx950: each XCD has a private L2, so an XCD-scoped edge
+    skips the L2 write-back and invalidate). The validator (`scope` check) only lets a
+    counter be XCD-scoped when all its producers and waiters run on one XCD."""
+
+    DEVICE = 0
+    XCD = 1
+
+
 # ------------------------------------------------------------------ capacity caps
 MAX_INPUTS = 10
 MAX_OUTPUTS = 2
@@ -139,6 +160,7 @@ class Buffer(_Model):
 class Counter(_Model):
     id: int
     name: str = ""
+    scope: Scope = Scope.DEVICE
 
 
 class Wait(_Model):
@@ -441,7 +463,7 @@ def dumps(obj: BaseModel) -> str:
 
 def enum_table() -> dict[str, dict[str, int]]:
     """Every ABI enum as {name: code}; what vm/abi.h must mirror."""
-    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode)}
+    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode, Scope)}
 
 
 def capacity_table() -> dict[str, int]:

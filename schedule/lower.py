@@ -11,6 +11,11 @@ then the final norm + LM head GEMV -> logits -> ARGMAX -> next_token. A fusion s
 off emits the standalone op instead (RMSNORM, HEAD_NORM, ROPE, KV_APPEND, ADD,
 SILU_MUL); split_k > 1 turns every GEMV into K-slice partial tasks plus REDUCE tasks.
 
+On a multi-XCD target (`xcd_placement`) every GEMV matrix is first cut into one contiguous
+row part per XCD, whose slabs get that XCD as their home (its L2 holds that part of the
+weights), and each XCD's attention partials stay with their combine on one XCD; counters
+that end up inside one XCD get the cheaper XCD scope (`placement.narrow_scopes`).
+
 Waits are not written by hand: `HazardTracker` derives each task's waits from the
 regions it reads and writes (RAW, WAR, WAW), so activation buffers are shared by all
 layers and every reuse is ordered. Queues come from `placement.assign`.
@@ -147,6 +152,7 @@ class _Spec:
     params: object
     inputs: list[Operand]
     outputs: list[Operand]
+    xcd: int = -1  # home XCD (-1: any queue)
 
 
 def _op(buf: Buffer, off: int, n: int, count: int = 1, stride: int = 0, kv: KvMode = KvMode.NONE) -> Operand:
@@ -179,12 +185,18 @@ class _Lowering:
         if cfg.threads_per_block % target.warp_size:
             raise ValueError(f"threads_per_block must be a multiple of the {target.name} warp size {target.warp_size}")
         self.n_queues = min(target.compute_units * per_cu, cfg.max_queues or MAX_QUEUES, MAX_QUEUES)
+        if cfg.xcd_placement is True and target.xcds < 2:
+            raise ValueError(f"xcd_placement needs a multi-XCD target; {target.name} has one")
+        on = cfg.xcd_placement is True or (cfg.xcd_placement == "auto" and target.xcds > 1)
+        self.xcds = min(target.xcds, self.n_queues) if on else 1  # XCDs that get a home (queue q is on XCD q % xcds)
         s = cfg.gemv_tasks_per_matrix
         self.slabs = -(-self.n_queues // cfg.split_k) if s == "auto" else s
         kvh = spec.num_kv_heads
         if cfg.kv_splits == "auto":
             fill = -(-kv_capacity // cfg.kv_block)
-            self.kv_splits = max(1, min(MAX_KV_SPLITS, -(-self.n_queues // kvh), fill))
+            # floor, not ceil: one more split than queues/kv_heads puts two partials on some
+            # queue, back to back on the critical path (measured: attention 2x slower)
+            self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill))
         else:
             self.kv_splits = cfg.kv_splits
 
@@ -192,6 +204,7 @@ class _Lowering:
         self.by_name: dict[str, Buffer] = {}
         self.counters: list[Counter] = []
         self.tasks: list[Task] = []
+        self.home: list[int] = []  # per task: its XCD, or -1
         self.hz = HazardTracker()
         self._size: list[int] = []  # tasks per counter (group)
 
@@ -259,6 +272,7 @@ class _Lowering:
             waits = [Wait(counter=d, threshold=self._size[d]) for d in deps]
             self.tasks.append(Task(id=len(self.tasks), params=s.params, inputs=s.inputs, outputs=s.outputs,
                                    waits=waits, out_counter=cid, name=s.name))
+            self.home.append(s.xcd)
             done.append((s.inputs, s.outputs, deps, acc))
         self._size.append(len(specs))
         self.hz.commit(cid, done)
@@ -274,8 +288,10 @@ class _Lowering:
         eps = self.spec.rms_norm_eps if norm is not None else None
         partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []
         direct: list[_Spec] = []  # one counter for the stage's GEMV (or partial) tasks
+        first_xcd = 0
         for m, n_slabs in zip(mats, counts, strict=True):
-            slabs = tiles(m.rows, n_slabs, m.gran)
+            slabs = self.row_slabs(m, n_slabs, first_xcd)
+            first_xcd += len({x for _, _, x in slabs})  # the next matrix starts on the next XCD
             if sk == 1:
                 ksl = [(0, m.k)]
             else:
@@ -286,7 +302,7 @@ class _Lowering:
             scratch = None
             if sk > 1:
                 scratch = self.buf(f"splitk.{m.role}", BufferKind.SCRATCH, DType.F32, [sk, m.rows * m.width])
-            for r0, r1 in slabs:
+            for r0, r1, xcd in slabs:
                 rows = r1 - r0
                 for s, (k_lo, k_hi) in enumerate(ksl):
                     params = GemvParams(
@@ -310,7 +326,7 @@ class _Lowering:
                         R, w = m.rows * m.width, m.width
                         outs = [_op(scratch, s * R + r0 * w, rows * w)]
                     tag = f"{name}.{m.role}[{r0}:{r1}]" + (f".k{s}" if sk > 1 else "")
-                    direct.append(_Spec(tag, params, ins, outs))
+                    direct.append(_Spec(tag, params, ins, outs, xcd))
             partial_groups.append((m, slabs, scratch))
         # split-K partials share one counter per stage too: a producer set must write each
         # scratch buffer without gaps (validator `tile-gap`), and a per-slab set would not
@@ -320,15 +336,26 @@ class _Lowering:
         reduce_specs = []
         for m, slabs, scratch in partial_groups:
             R, w = m.rows * m.width, m.width
-            for r0, r1 in slabs:
+            for r0, r1, xcd in slabs:
                 rows = r1 - r0
                 params = ReduceParams(
                     rows=rows, split_k=sk, has_bias=m.bias is not None, epilogue=m.epilogue, head_dim=m.head_dim,
                     head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
                 )
                 ins = [_op(scratch, r0 * w, rows * w, count=sk, stride=R)] + self.extras(m, r0, rows)
-                reduce_specs.append(_Spec(f"{name}.{m.role}[{r0}:{r1}].reduce", params, ins, [m.y(r0, rows)]))
+                reduce_specs.append(_Spec(f"{name}.{m.role}[{r0}:{r1}].reduce", params, ins, [m.y(r0, rows)], xcd))
         self.group(f"{name}.reduce", reduce_specs)
+
+    def row_slabs(self, m: _Mat, n: int, first_xcd: int) -> list[tuple[int, int, int]]:
+        """About n slabs [r0, r1) of m's rows, each with its home XCD (-1: any). With XCD
+        placement the rows are first cut into one contiguous part per XCD (matrices of a stage
+        start on successive XCDs), so the tasks of one XCD stream one slab of weights."""
+        if self.xcds == 1:
+            return [(r0, r1, -1) for r0, r1 in tiles(m.rows, n, m.gran)]
+        parts = tiles(m.rows, self.xcds, m.gran)
+        per = -(-n // len(parts))
+        return [(a + r0, a + r1, (first_xcd + x) % self.xcds)
+                for x, (a, b) in enumerate(parts) for r0, r1 in tiles(b - a, per, m.gran)]
 
     def w_op(self, w: Buffer, r0: int, rows: int, k_lo: int, k_hi: int) -> Operand:
         k = w.shape[1]
@@ -407,7 +434,7 @@ class _Lowering:
 
         self.token = self.buf("token", BufferKind.IO_INPUT, DType.I32, [1])
         self.pos = self.buf("pos", BufferKind.IO_INPUT, DType.I32, [1])
-        logits = self.buf("logits", BufferKind.IO_OUTPUT, DType.F32, [V])
+        logits = self.buf("logits", BufferKind.IO_OUTPUT, self.dtype, [V])  # HF: the lm_head returns its dtype
         next_token = self.buf("next_token", BufferKind.IO_OUTPUT, DType.I32, [1])
         self.inv_freq = self.buf(INV_FREQ, BufferKind.CONST, DType.F32, [d // 2])
         embed = self.weight("model.embed_tokens.weight", [V, H])
@@ -470,18 +497,24 @@ class _Lowering:
             ml = self.buf("attn.ml", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, 2])
             attn = self.act("attn_out", QD)
             scale = 1.0 / math.sqrt(d)
-            self.group(f"{t}.attn_partial", [
-                _Spec(f"{t}.attn_partial[g{g}.s{s}]",
-                      AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
-                      [_op(q, g * qh * d, qh * d), _op(kc, g * d, d, kv=KvMode.PREFIX),
-                       _op(vc, g * d, d, kv=KvMode.PREFIX), _whole(self.pos)],
-                      [_op(o_part, (g * S + s) * qh * d, qh * d), _op(ml, (g * S + s) * qh * 2, qh * 2)])
-                for g in range(nkv) for s in range(S)
-            ])
+            # with XCD placement and whole heads per XCD, each XCD's partials get their own
+            # counter, which only that XCD's combines wait on (an XCD-scoped edge)
+            local = self.xcds > 1 and nkv % self.xcds == 0
+            head_xcd = [g * self.xcds // nkv if local else -1 for g in range(nkv)]
+            for xi, (g0, g1) in enumerate(tiles(nkv, self.xcds if local else 1)):
+                self.group(f"{t}.attn_partial" + (f".x{xi}" if local else ""), [
+                    _Spec(f"{t}.attn_partial[g{g}.s{s}]",
+                          AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
+                          [_op(q, g * qh * d, qh * d), _op(kc, g * d, d, kv=KvMode.PREFIX),
+                           _op(vc, g * d, d, kv=KvMode.PREFIX), _whole(self.pos)],
+                          [_op(o_part, (g * S + s) * qh * d, qh * d), _op(ml, (g * S + s) * qh * 2, qh * 2)],
+                          head_xcd[g])
+                    for g in range(g0, g1) for s in range(S)
+                ])
             self.group(f"{t}.attn_combine", [
                 _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
                       [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
-                      [_op(attn, g * qh * d, qh * d)])
+                      [_op(attn, g * qh * d, qh * d)], head_xcd[g])
                 for g in range(nkv)
             ])
 
@@ -526,19 +559,25 @@ class _Lowering:
     def program(self) -> Program:
         cfg = self.cfg
         cost = placement.task_costs(self.tasks, self.buffers, self.kv_capacity)
-        queues = placement.assign(self.tasks, self.n_queues, cfg.sm_assignment, cost, cfg.explicit_queues)
+        n_xcd = self.target.xcds
+        queues = placement.assign(self.tasks, self.n_queues, cfg.sm_assignment, cost, cfg.explicit_queues,
+                                  home=self.home, n_xcd=n_xcd)
+        counters = self.counters
+        if self.xcds > 1:
+            counters = placement.narrow_scopes(counters, self.tasks, queues, n_xcd)
         prog = Program(
             name=self.spec.name, target=self.target, threads_per_block=cfg.threads_per_block,
             blocks_per_cu=cfg.blocks_per_sm, kv_capacity=self.kv_capacity, buffers=self.buffers,
-            counters=self.counters, tasks=self.tasks, queues=queues,
+            counters=counters, tasks=self.tasks, queues=queues,
         )
         prog.meta = {
             "model": self.spec.name,
             "family": self.spec.family,
             "dtype": self.dtype.name,
             "config": cfg.model_dump(mode="json"),
-            "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits},
-            "vm": {"prefetch_depth": cfg.prefetch_depth},
+            "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
+                         "xcds": self.xcds},
+            "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll},
         }
         if cfg.quant == "gguf":  # which matrices run in the file's own blocks
             prog.meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source

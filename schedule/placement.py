@@ -4,6 +4,11 @@ Tasks arrive in lowering order, which is a topological order of the wait DAG (a 
 only waits on counters of earlier tasks). Every queue keeps its tasks in that order, so
 each queue is a linear extension of the DAG and, with all blocks co-resident, the
 earliest unfinished task can always run: no assignment here can deadlock.
+
+Chiplets (AMD gfx942/gfx950): queue q runs on XCD q % xcds, because the hardware deals the
+workgroups of a launch round-robin over the XCDs (one partition per device, SPX mode). A
+task with a home XCD is only placed on that XCD's queues; `narrow_scopes` then gives the
+cheaper XCD memory scope to every counter whose producers and waiters share one XCD.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import heapq
 from typing import Optional, Sequence
 
-from amk.schedule.ir import DTYPE_BITS, Buffer, KvMode, Task
+from amk.schedule.ir import DTYPE_BITS, Buffer, Counter, KvMode, Scope, Task
 
 
 def task_bytes(task: Task, buffers: Sequence[Buffer], kv_rows: int) -> float:
@@ -57,15 +62,24 @@ def dag_levels(tasks: Sequence[Task]) -> list[int]:
     return levels
 
 
+def xcd_of_queue(q: int, n_xcd: int) -> int:
+    return q % n_xcd
+
+
 def assign(
     tasks: Sequence[Task],
     n_queues: int,
     mode: str,
     cost: Sequence[float],
     explicit: Optional[Sequence[int]] = None,
+    home: Optional[Sequence[int]] = None,
+    n_xcd: int = 1,
 ) -> list[list[int]]:
+    """Queues of task ids. `home[i]` >= 0 binds task i to the queues of that XCD (not for
+    'explicit', which places every task itself)."""
+    home = home if home is not None and n_xcd > 1 else [-1] * len(tasks)
     if mode == "round_robin":
-        where = [i % n_queues for i in range(len(tasks))]
+        where = _round_robin(home, n_queues, n_xcd)
     elif mode == "explicit":
         if explicit is None or len(explicit) != len(tasks):
             got = None if explicit is None else len(explicit)
@@ -74,7 +88,7 @@ def assign(
             raise ValueError(f"explicit_queues entries must be in 0..{n_queues - 1}")
         where = list(explicit)
     elif mode == "lpt":
-        where = _lpt(tasks, n_queues, cost)
+        where = _lpt(tasks, n_queues, cost, home, n_xcd)
     else:
         raise ValueError(f"unknown sm_assignment {mode!r}")
     queues: list[list[int]] = [[] for _ in range(n_queues)]
@@ -83,21 +97,53 @@ def assign(
     return queues
 
 
-def _lpt(tasks: Sequence[Task], n_queues: int, cost: Sequence[float]) -> list[int]:
+def _round_robin(home: Sequence[int], n_queues: int, n_xcd: int) -> list[int]:
+    """Lowering order over all queues; a homed task over its XCD's queues in turn."""
+    per_xcd = [[q for q in range(n_queues) if xcd_of_queue(q, n_xcd) == x] for x in range(n_xcd)]
+    turn = [0] * n_xcd
+    where = []
+    for i, x in enumerate(home):
+        if x < 0:
+            where.append(i % n_queues)
+        else:
+            where.append(per_xcd[x][turn[x] % len(per_xcd[x])])
+            turn[x] += 1
+    return where
+
+
+def _lpt(tasks: Sequence[Task], n_queues: int, cost: Sequence[float], home: Sequence[int], n_xcd: int) -> list[int]:
     """Per DAG level, largest task first onto the queue least loaded in this level
-    (ties: least loaded overall, then lowest index)."""
+    (ties: least loaded overall, then lowest index); a homed task only onto its XCD's
+    queues (one heap per XCD; a free task takes the best top of all of them)."""
     levels = dag_levels(tasks)
     by_level: dict[int, list[int]] = {}
     for i, lv in enumerate(levels):
         by_level.setdefault(lv, []).append(i)
+    n_heaps = min(n_xcd, n_queues)
     total = [0.0] * n_queues
     where = [0] * len(tasks)
     for lv in sorted(by_level):
-        heap = [(0.0, total[q], q) for q in range(n_queues)]
-        heapq.heapify(heap)
+        heaps = [[(0.0, total[q], q) for q in range(n_queues) if xcd_of_queue(q, n_xcd) == x] for x in range(n_heaps)]
+        for h in heaps:
+            heapq.heapify(h)
         for i in sorted(by_level[lv], key=lambda i: (-cost[i], i)):
-            load, _, q = heapq.heappop(heap)
+            x = home[i] if home[i] >= 0 else min(range(n_heaps), key=lambda x: heaps[x][0])
+            load, _, q = heapq.heappop(heaps[x])
             where[i] = q
             total[q] += cost[i]
-            heapq.heappush(heap, (load + cost[i], total[q], q))
+            heapq.heappush(heaps[x], (load + cost[i], total[q], q))
     return where
+
+
+def narrow_scopes(counters: Sequence[Counter], tasks: Sequence[Task], queues: Sequence[Sequence[int]],
+                  n_xcd: int) -> list[Counter]:
+    """Counters whose producers and waiters all run on one XCD get Scope.XCD; the rest keep
+    theirs (device scope). The validator's `scope` check states the same rule."""
+    queue_of = {t: q for q, ts in enumerate(queues) for t in ts}
+    xcds: list[set[int]] = [set() for _ in counters]
+    for t in tasks:
+        x = xcd_of_queue(queue_of[t.id], n_xcd)
+        xcds[t.out_counter].add(x)
+        for w in t.waits:
+            xcds[w.counter].add(x)
+    return [c.model_copy(update={"scope": Scope.XCD}) if len(xcds[c.id]) == 1 else c for c in counters]

@@ -38,6 +38,18 @@ def test_compile_writes_validated_program(tiny_config, tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_compile_for_amd_targets_places_on_xcds(tiny_config, tmp_path, target):
+    out = tmp_path / target
+    res = runner.invoke(app, ["compile", str(tiny_config), "--random-init", "--target", target, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "8 XCDs, chiplet placement" in res.output and "validated" in res.output
+    prog = json.loads((out / "program.json").read_text())
+    assert prog["target"]["arch"] == target and prog["meta"]["resolved"]["xcds"] == 8
+    res = runner.invoke(app, ["validate", str(out / "program.json")])
+    assert res.exit_code == 0, res.output
+
+
 def test_generate_verify_random_init(tiny_config):
     res = runner.invoke(app, ["generate", str(tiny_config), "--random-init", "--prompt-ids", "1,2,3",
                               "--max-new-tokens", "6", "--device", "cpu", "--verify", "--json",

@@ -83,6 +83,27 @@ def test_oracle_partial_wait_ordered_by_queue_is_safe():
     assert v.safe and v.exact
 
 
+def _xcd_scoped(queues) -> ir.Program:
+    """_two_writers_one_reader(2) on an 8-XCD target with counter 0 at XCD scope."""
+    prog = _two_writers_one_reader(2, queues=queues).model_copy(update={"target": get_target("mi300x")})
+    return prog.model_copy(update={"counters": [ir.Counter(id=0, scope=ir.Scope.XCD), ir.Counter(id=1)]})
+
+
+def test_xcd_scope_across_xcds_is_a_race_for_both_judges():
+    prog = _xcd_scoped(((0,), (1,), (2,)))  # queue q on XCD q % 8: three XCDs
+    v = judge(prog)
+    assert not v.safe and "race" in v.labels and v.exact
+    assert "scope" in {x.check for x in validate(prog).violations}
+
+
+def test_xcd_scope_inside_one_xcd_is_safe_for_both_judges():
+    queues = [[] for _ in range(17)]
+    queues[0], queues[8], queues[16] = [0], [1], [2]  # queues 0, 8 and 16 all run on XCD 0
+    prog = _xcd_scoped(queues)
+    assert judge(prog).safe
+    assert validate(prog).accepted
+
+
 def test_oracle_flags_out_of_bounds(layered):
     d = dict(layered)
     d["tasks"] = [dict(t) for t in layered["tasks"]]

@@ -254,7 +254,7 @@ def test_fused_layer_is_six_hops():
 
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
-    assert p.meta["vm"] == {"prefetch_depth": 3}
+    assert p.meta["vm"] == {"prefetch_depth": 3, "gemv_unroll": "auto"}
     assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
     assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
     assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
@@ -300,14 +300,15 @@ def test_refusals():
 FIELD_CHANGES = {
     "gemv_tasks_per_matrix": ({}, dict(gemv_tasks_per_matrix=3)),
     "split_k": ({}, dict(split_k=2)),
-    "kv_splits": ({}, dict(kv_splits=4)),
-    "kv_block": ({}, dict(kv_block=16)),
+    "kv_splits": ({}, dict(kv_splits=3)),
+    "kv_block": ({}, dict(kv_block=64)),
     "sm_assignment": ({}, dict(sm_assignment="round_robin")),
     "explicit_queues": ("explicit0", "explicit1"),
     "blocks_per_sm": (dict(max_queues=None), dict(max_queues=None, blocks_per_sm=2)),
     "max_queues": ({}, dict(max_queues=4)),
     "threads_per_block": ({}, dict(threads_per_block=512)),
     "prefetch_depth": ({}, dict(prefetch_depth=2)),
+    "gemv_unroll": ({}, dict(gemv_unroll=4)),
     "fuse_norm": ({}, dict(fuse_norm=False)),
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),
@@ -317,7 +318,9 @@ FIELD_CHANGES = {
     "quant_lm_head": (dict(quant="int8"), dict(quant="int8", quant_lm_head=True)),
     "quant_unpack": (dict(quant="int4"), dict(quant="int4", quant_unpack=1)),
     "dtype": ({}, dict(dtype="bfloat16")),
+    "xcd_placement": ({}, dict(xcd_placement=False)),
 }
+FIELD_TARGET = {"xcd_placement": get_target("mi300x")}  # a chiplet field: lowered for a multi-XCD target
 
 
 def test_every_field_is_covered():
@@ -332,8 +335,9 @@ def test_every_field_changes_the_program(field):
         n = len(lower(spec, cfg_of(), H100, kv_capacity=64).tasks)
         base = dict(sm_assignment="explicit", explicit_queues=[0] * n)
         alt = dict(sm_assignment="explicit", explicit_queues=[i % 8 for i in range(n)])
-    a = lower(spec, cfg_of(**base), H100, kv_capacity=64)
-    b = lower(spec, cfg_of(**alt), H100, kv_capacity=64)
+    target = FIELD_TARGET.get(field, H100)
+    a = lower(spec, cfg_of(**base), target, kv_capacity=64)
+    b = lower(spec, cfg_of(**alt), target, kv_capacity=64)
     strip = lambda p: Program.model_validate({**p.model_dump(), "meta": {**p.meta, "config": None}}).to_json()
     assert strip(a) != strip(b), f"{field} does not change the lowered program"
 

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from amk.eval.synthetic import layered_program
-from amk.schedule import ir
+from amk.schedule import ir, validate as V
 from amk.schedule.ir import BufferKind as K, DType as D
 from amk.schedule.validate import validate
-from amk.schedule.validator.report import CHECK_GROUPS
+from amk.schedule.validator import fast
+from amk.schedule.validator.report import CHECK_GROUPS, Report
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +213,20 @@ def _mut_complete(d):
     _add_buffer(d, "never_written", K.IO_OUTPUT, D.F32, [8])
 
 
+def _mut_scope(d):
+    # on a chiplet target the l0.a producers sit on queues of different XCDs (queue q on XCD q % 8),
+    # so their counter may not take the cheaper XCD scope
+    d["target"]["xcds"] = 8
+    d["counters"][_task(d, "l0.a.0")["out_counter"]]["scope"] = int(ir.Scope.XCD)
+
+
+def test_xcd_scope_inside_one_xcd_accepted(base):
+    d = copy.deepcopy(base)
+    _mut_scope(d)
+    d["target"]["xcds"] = 1  # one XCD: every edge stays inside it
+    assert validate(d).accepted
+
+
 def _mut_kv_read_before_append(d):
     d.update(_kv_program(drop_append_wait=True).model_dump(mode="json"))
 
@@ -328,3 +343,114 @@ def _kv_program(capacity_mismatch: bool = False, drop_append_wait: bool = False)
     counters = [ir.Counter(id=i) for i in range(4)]
     return ir.Program(target=get_target("h100"), kv_capacity=cap, buffers=B, counters=counters, tasks=tasks,
                       queues=[[0, 1, 3], [2, 4, 5]])
+
+
+# ----------------------------------------------------------------------------- the two paths
+# validate() asks `validator.fast.verify` first and runs the explaining checks (`_run_checks`)
+# whenever it does not certify the program; the fast path must never certify what the
+# explaining path rejects, and must certify (with the same certificate) what it accepts.
+
+
+def _explained(prog: ir.Program):
+    """The explaining path alone (None where it raises: validate() then rejects, fail closed)."""
+    rep = Report()
+    try:
+        pairs, table = V._run_checks(prog, rep)
+    except Exception:
+        return None
+    return V._result(rep, prog, pairs, table)
+
+
+def _fast_only(prog: ir.Program):
+    got = fast.verify(prog)
+    return None if got is None else V._result(Report(), prog, *got)
+
+
+def _agree(prog: ir.Program) -> bool:
+    """Both paths on `prog`: the fast path certifies exactly what the explaining path
+    accepts, with the same certificate; validate() answers as the explaining path does.
+    Returns the verdict."""
+    slow = _explained(prog)
+    quick = _fast_only(prog)
+    if slow is None:
+        assert quick is None and not validate(prog).accepted
+        return False
+    if slow.accepted:
+        assert quick is not None and quick.model_dump() == slow.model_dump()
+    else:
+        assert quick is None, [v.check for v in slow.violations]
+    assert validate(prog).model_dump() == slow.model_dump()
+    return slow.accepted
+
+
+def test_fast_path_covers_every_check():
+    assert fast.COVERED == frozenset(CHECK_GROUPS) and V._FAST
+
+
+@pytest.fixture(params=["bitsets", "clocks"])
+def hb_path(request, monkeypatch):
+    """Happens-before as Python-int bitsets (small programs) or vector clocks (large)."""
+    if request.param == "clocks":
+        monkeypatch.setattr(fast, "BITSET_MAX_TASKS", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("check", sorted(MUTANTS))
+def test_paths_agree_on_every_mutant(base, check, hb_path):
+    d = copy.deepcopy(base)
+    MUTANTS[check](d)
+    assert not _agree(ir.Program.model_validate(d))
+
+
+def _renumbered(prog: ir.Program, seed: int) -> ir.Program:
+    """The same program with its tasks listed (and numbered) in a random order, so that task
+    ids are no longer a topological order."""
+    import random
+
+    order = list(range(len(prog.tasks)))
+    random.Random(seed).shuffle(order)
+    new_id = {old: new for new, old in enumerate(order)}
+    tasks = [prog.tasks[old].model_copy(update={"id": new}) for new, old in enumerate(order)]
+    queues = [[new_id[t] for t in q] for q in prog.queues]
+    return prog.model_copy(update={"tasks": tasks, "queues": queues})
+
+
+@pytest.mark.parametrize("layers,width,hidden", [(1, 1, 32), (2, 4, 64), (4, 36, 1152)])
+def test_paths_agree_on_accepted_programs(layers, width, hidden, hb_path):
+    prog = layered_program(layers=layers, width=width, hidden=hidden)
+    assert _agree(prog) and _agree(_kv_program())
+    assert _agree(_renumbered(prog, seed=layers))  # topological order by Kahn's levels, not task ids
+
+
+def test_paths_agree_on_fuzz_schedules(hb_path):
+    """Every class of the soundness campaign (real lowerings, random programs, one mutant
+    per injected defect), a few schedules each."""
+    from amk.eval import fuzz
+
+    per_class: dict[str, int] = {}
+    verdicts = set()
+    for i in range(3 * len(fuzz.plan(fuzz.CLASSES))):
+        cls, prog, _ = fuzz.make_schedule(7, i)
+        if prog is None or per_class.get(cls, 0) >= 2:
+            continue
+        per_class[cls] = per_class.get(cls, 0) + 1
+        verdicts.add(_agree(prog))
+        if cls == fuzz.REAL:
+            assert _agree(_renumbered(prog, seed=i))
+    assert verdicts == {True, False}
+
+
+def test_paths_agree_on_xcd_scoped_counters(base, hb_path):
+    d = copy.deepcopy(base)
+    _mut_scope(d)
+    d["target"]["xcds"] = 1  # XCD scope inside one XCD: accepted, through the scope rule of both paths
+    assert _agree(ir.Program.model_validate(d))
+
+
+def test_fast_path_reads_the_program_on_every_call():
+    """No memo: a program changed in place after an accepted validation is judged anew."""
+    prog = layered_program(layers=2, width=4, hidden=64)
+    assert validate(prog).accepted
+    prog.tasks[5].waits = []
+    res = validate(prog)
+    assert not res.accepted and "read-after-write" in {v.check for v in res.violations}

@@ -121,7 +121,7 @@ def test_param_slots_and_errors_mirror_tables_h():
 
 def test_device_constants_mirror_headers():
     attn = (INS_DIR / "attention.cuh").read_text()
-    assert int(re.search(r"#define AMK_ATTN_TILE (\d+)", attn).group(1)) == loader.ATTN_TILE
+    assert int(re.search(r"#define AMK_ATTN_HB (\d+)", attn).group(1)) == loader.ATTN_HEAD_BLOCK
     arch = (VM_DIR / "arch_cuda.h").read_text()
     assert int(re.search(r"#define AMK_WARP_SIZE (\d+)", arch).group(1)) == loader.WARP
     assert int(re.search(r"AMK_ST_WORDS = (\d+)", TABLES_H).group(1)) == loader.STATUS_WORDS

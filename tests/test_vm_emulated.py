@@ -12,7 +12,7 @@ import zlib
 import pytest
 import torch
 
-from amk.schedule.ir import DType
+from amk.schedule.ir import DType, Scope
 from amk.vm.loader import VMHangError
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -83,6 +83,14 @@ def test_tiny_model(emu, family):
                                       fuse_silu_mul=False, quant="int8")])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+def test_lowered_model_xcd_placement(emu):
+    """A gfx942 program: XCD-scoped counters packed into the tables (the emulator, like a
+    one-L2 GPU, runs XCD scope as device scope)."""
+    prog, t = lowered("llama-gqa-tied", max_queues=2, threads_per_block=64, target="gfx942")
+    assert any(c.scope == Scope.XCD for c in prog.counters)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 

@@ -138,8 +138,8 @@ def hf_model(family: str):
     return model.eval()
 
 
-def lowered(model: str, dtype: str = "float32", kv_capacity: int = 64, **cfg):
-    """A zoo model with random weights through the real lowering, and its bound tensors."""
+def lowered(model: str, dtype: str = "float32", kv_capacity: int = 64, target: str = "h100", **cfg):
+    """A zoo model with random weights through the real lowering (for `target`), and its bound tensors."""
     from amk.schedule.config import ScheduleConfig
     from amk.schedule.importer import random_state_dict, spec_from_hf_config, zoo_configs
     from amk.schedule.importer.hf_config import normalize
@@ -148,7 +148,7 @@ def lowered(model: str, dtype: str = "float32", kv_capacity: int = 64, **cfg):
 
     hf = normalize(zoo_configs()[model])
     spec = spec_from_hf_config(hf, name=model, dtype=dtype)
-    prog = lower(spec, ScheduleConfig(**cfg), get_target("h100"), kv_capacity=kv_capacity)
+    prog = lower(spec, ScheduleConfig(**cfg), get_target(target), kv_capacity=kv_capacity)
     return prog, bind_weights(prog, spec, random_state_dict(hf, seed=0))
 
 

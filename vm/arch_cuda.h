@@ -14,6 +14,9 @@
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_GEMV_UNROLL)
 #define AMK_GEMV_UNROLL 2
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_ARGMAX_UNROLL)
+#define AMK_ARGMAX_UNROLL 2  // and the logit vectors in flight per thread (instructions/argmax.cuh)
+#endif
 
 #define AMK_FULL_MASK 0xffffffffu
 

@@ -1,5 +1,8 @@
 """Build the megakernel with NVRTC (through CuPy) and cache the cubin on disk.
 
+AMD GPUs take the same path through CuPy's ROCm build, which maps the NVRTC API onto
+hiprtc: `vm/build_hip.py` holds what differs (options, gfx arch names, the code object).
+
     cubin = compile_cubin(90, threads=256)          # works without a GPU (NVRTC only)
     kernel = load_kernel(threads=256)               # arch of the live device, cooperative
 
@@ -84,7 +87,7 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("amk")) / "kernels"
 
 
-def cache_key(arch: int, options: list[str]) -> str:
+def cache_key(arch: int | str, options: list[str]) -> str:
     main, headers = kernel_sources()
     h = hashlib.sha256()
     for part in [BUILD_TAG, str(arch), repr(nvrtc_version()), *options, MAIN_SOURCE, main]:
@@ -95,8 +98,17 @@ def cache_key(arch: int, options: list[str]) -> str:
     return h.hexdigest()
 
 
-def nvrtc_compile(arch: int, options: list[str]) -> tuple[bytes, str]:
-    """Compile the megakernel to a cubin; returns (cubin, compiler log)."""
+def is_hip() -> bool:
+    """Whether CuPy is its ROCm build (NVRTC calls then go to hiprtc)."""
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return bool(cupy.cuda.runtime.is_hip)
+
+
+def nvrtc_compile(arch: int | str, options: list[str]) -> tuple[bytes, str]:
+    """Compile the megakernel to a cubin (hiprtc: a code object); returns (binary, compiler log)."""
     nvrtc = _nvrtc()
     main, headers = kernel_sources()
     names = sorted(headers)
@@ -105,7 +117,11 @@ def nvrtc_compile(arch: int, options: list[str]) -> tuple[bytes, str]:
         try:
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError as e:
-            raise BuildError(f"NVRTC failed for sm_{arch} ({e}):\n{nvrtc.getProgramLog(prog)}") from None
+            raise BuildError(f"NVRTC failed for {arch} ({e}):\n{nvrtc.getProgramLog(prog)}") from None
+        if is_hip():  # CuPy's ROCm build returns hiprtc's code object from getPTX
+            from amk.vm.build_hip import code_object
+
+            return code_object(nvrtc.getPTX(prog)), nvrtc.getProgramLog(prog)
         return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
@@ -114,14 +130,18 @@ def nvrtc_compile(arch: int, options: list[str]) -> tuple[bytes, str]:
 def compile_cubin(arch: int, *, threads: int = 256, min_blocks: int = 1,
                   defines: Optional[Mapping[str, object]] = None, use_cache: bool = True) -> Path:
     """The cubin for `arch` (compiled now or found in the cache); returns its path."""
-    options = build_options(arch, threads, min_blocks, defines)
-    path = cache_dir() / f"{cache_key(arch, options)}.cubin"
+    return compile_cached(arch, build_options(arch, threads, min_blocks, defines), ".cubin", use_cache)
+
+
+def compile_cached(arch: int | str, options: list[str], suffix: str, use_cache: bool = True) -> Path:
+    """The binary for (arch, options), compiled now or found in the cache; returns its path."""
+    path = cache_dir() / f"{cache_key(arch, options)}{suffix}"
     if use_cache and path.is_file() and path.stat().st_size > 0:
         return path
-    cubin, _log = nvrtc_compile(arch, options)
+    binary, _log = nvrtc_compile(arch, options)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(cubin)
+    tmp.write_bytes(binary)
     os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
     return path
 
@@ -145,5 +165,11 @@ def _load(path: str, device_index: int):
 def load_kernel(device_index: int, *, threads: int, min_blocks: int = 1,
                 defines: Optional[Mapping[str, object]] = None):
     """The megakernel as a cooperative `cupy.RawKernel` on `device_index` (built if needed)."""
+    if is_hip():
+        from amk.vm.build_hip import compile_code_object, device_gfx_arch
+
+        path = compile_code_object(device_gfx_arch(device_index), threads=threads, min_blocks=min_blocks,
+                                   defines=defines)
+        return _load(str(path), device_index)
     path = compile_cubin(device_arch(device_index), threads=threads, min_blocks=min_blocks, defines=defines)
     return _load(str(path), device_index)

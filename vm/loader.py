@@ -66,7 +66,7 @@ class VMRefused(AmkError, ValueError):
 
 # ---------------------------------------------------------------------- ABI mirror of vm/tables.h
 WARP = 32  # AMK_WARP_SIZE on NVIDIA
-ATTN_TILE = 64  # AMK_ATTN_TILE (instructions/attention.cuh)
+ATTN_HEAD_BLOCK = 4  # AMK_ATTN_HB (instructions/attention.cuh): q heads per P.V register block
 SCORE_CACHE_WORDS = 8192  # shared-memory words for cached attention scores per task
 ROLE_SLOTS = 32
 NIPARAM, NFPARAM = 16, 4
@@ -99,10 +99,10 @@ HANG_ERRORS = (1, 2)
 
 OPERAND_DTYPE = np.dtype([("off", "<i8"), ("stride", "<i8"), ("buf", "<i4"), ("len", "<i4"),
                           ("count", "<i4"), ("kv", "<i4")])
-WAIT_DTYPE = np.dtype([("counter", "<i4"), ("threshold", "<u4"), ("producers", "<u4"), ("pad", "<i4")])
+WAIT_DTYPE = np.dtype([("counter", "<i4"), ("threshold", "<u4"), ("producers", "<u4"), ("scope", "<i4")])
 TASK_DTYPE = np.dtype([
     ("op", "<i4"), ("out_counter", "<i4"), ("n_in", "<i4"), ("n_out", "<i4"), ("n_wait", "<i4"), ("id", "<i4"),
-    ("prefetch_in", "<i4"), ("pad", "<i4"),
+    ("prefetch_in", "<i4"), ("out_scope", "<i4"),
     ("waits", WAIT_DTYPE, (MAX_WAITS,)),
     ("role", "i1", (ROLE_SLOTS,)),
     ("ip", "<i4", (NIPARAM,)),
@@ -177,7 +177,9 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
         return 2 * WARP
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
-        return 2 * qh * hd + 2 * qh + nwarps * qh + qh * ATTN_TILE + qh * attn_score_cap(p, kv_capacity)
+        return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
+    if op == Op.ATTN_COMBINE:
+        return 2 * p.splits * p.q_heads + p.q_heads
     return 0
 
 
@@ -211,6 +213,7 @@ class PackedProgram:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
             rec["op"], rec["id"] = int(p.op), t.id
             rec["out_counter"] = self.counter_index[t.out_counter]
+            rec["out_scope"] = int(program.counters[rec["out_counter"]].scope)
             rec["n_in"], rec["n_out"], rec["n_wait"] = len(t.inputs), len(t.outputs), len(t.waits)
             rec["role"][:] = -1
             mask = 0
@@ -227,7 +230,7 @@ class PackedProgram:
                 self._operand(rec["out"][s], o)
             for s, w in enumerate(t.waits):
                 c = self.counter_index[w.counter]
-                rec["waits"][s] = (c, w.threshold, producers[c], 0)
+                rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
             words = max(words, smem_words(p, threads, program.kv_capacity))
         self.tasks = recs
@@ -290,7 +293,8 @@ class CudaVM:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout_s = float(timeout_s)
         self.spin_timeout_s = float(spin_timeout_s if spin_timeout_s is not None else timeout_s / 2)
-        meta_depth = (program.meta.get("vm") or {}).get("prefetch_depth", 1) if isinstance(program.meta, dict) else 1
+        vm_meta = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
+        meta_depth = vm_meta.get("prefetch_depth", 1)
         self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else meta_depth)
         self.poison_each_step = poison_each_step
         self.trace_enabled = bool(trace)
@@ -320,9 +324,11 @@ class CudaVM:
             self._abort_ptr = rt.hostAlloc(64, rt.hostAllocMapped | rt.hostAllocPortable)
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
+            defines = {"AMK_TRACE": 1} if self.trace_enabled else {}
+            if isinstance(vm_meta.get("gemv_unroll"), int):  # else the architecture's default
+                defines["AMK_GEMV_UNROLL"] = vm_meta["gemv_unroll"]
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
-                                             min_blocks=program.blocks_per_cu,
-                                             defines={"AMK_TRACE": 1} if self.trace_enabled else None)
+                                             min_blocks=program.blocks_per_cu, defines=defines or None)
             self._check_launchable(rt)
         self._token = self._io_input("token")
         self._pos = self._io_input("pos")

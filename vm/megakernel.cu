@@ -65,14 +65,14 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
     const AmkWait& wt = t.waits[w];
     const unsigned target = (epoch - 1u) * wt.producers + wt.threshold;
     const unsigned* p = counters + wt.counter;
-    unsigned v = amk_ld_acquire_gpu(p);
+    unsigned v = amk_ld_acquire(p, wt.scope);
     if ((int)(v - target) >= 0) continue;
     const unsigned long long t0 = amk_timer_ns();
     unsigned ns = 32, iter = 0;
     for (;;) {
       amk_nanosleep(ns);
       if (ns < AMK_SPIN_MAX_NS) ns <<= 1;
-      v = amk_ld_acquire_gpu(p);
+      v = amk_ld_acquire(p, wt.scope);
       if ((int)(v - target) >= 0) break;
       if ((++iter & 63) == 0) {  // every ~10 us: give up on another block's error, an abort, the budget
         if (amk_ld_volatile(&c.status[AMK_ST_CODE]) != 0) return false;
@@ -116,7 +116,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     const int* src = (const int*)(tasks + queue_tasks[qi]);
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
     amk_syncthreads();
-    const int out_counter = s_task.out_counter;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
 
     // Weights are immutable: start fetching them before waiting. Each task is prefetched
     // once, prefetch_depth - 1 tasks ahead of its turn (the first ones at queue start).
@@ -136,7 +136,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
 
     amk_dispatch(c);
     amk_syncthreads();
-    if (threadIdx.x == 0) amk_release_add_gpu(&counters[out_counter], 1u);
+    if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 2] = amk_timer_ns();
 #endif

@@ -2,12 +2,14 @@
 //
 // Per-architecture primitives live in their own header with the same function names:
 //   vm/arch_cuda.h  NVIDIA (PTX: ld.acquire.gpu, globaltimer, cvt.rn.bf16, ...)
-//   vm/arch_hip.h   AMD (added later: __hip_atomic_* with __HIP_MEMORY_SCOPE_AGENT, ...)
+//   vm/arch_hip.h   AMD (__hip_atomic_* with __HIP_MEMORY_SCOPE_AGENT, wave64, s_sleep, ...)
 // Each provides: AMK_DEVICE, AMK_WARP_SIZE (overridable with -DAMK_WARP_SIZE=..),
 // amk_ld_acquire_gpu, amk_release_add_gpu, amk_fence_gpu, amk_ld_volatile, amk_nanosleep,
 // amk_timer_ns, amk_prefetch_l2, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
 // amk_ld16_weight, bf16/f16 <-> f32 conversions and the exact arithmetic helpers, and the
 // shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).
+// A chiplet architecture (vm/arch_hip_gfx94.h) also provides amk_ld_acquire_xcd /
+// amk_release_add_xcd and defines AMK_HAS_XCD_SCOPE; elsewhere XCD scope is device scope.
 #pragma once
 
 #if defined(AMK_ARCH_EMU)
@@ -19,6 +21,22 @@
 #endif
 
 #include "tables.h"
+
+// ---------------------------------------------------------------- counter scopes
+#ifndef AMK_HAS_XCD_SCOPE
+// One L2 for the whole GPU: the cheaper XCD scope is device scope.
+AMK_DEVICE unsigned amk_ld_acquire_xcd(const unsigned* p) { return amk_ld_acquire_gpu(p); }
+AMK_DEVICE void amk_release_add_xcd(unsigned* p, unsigned v) { amk_release_add_gpu(p, v); }
+#endif
+
+// Wait / signal a counter at its memory scope (AmkScope, from the Program's Counter.scope).
+AMK_DEVICE unsigned amk_ld_acquire(const unsigned* p, int scope) {
+  return scope == AMK_SCOPE_XCD ? amk_ld_acquire_xcd(p) : amk_ld_acquire_gpu(p);
+}
+AMK_DEVICE void amk_release_add(unsigned* p, unsigned v, int scope) {
+  if (scope == AMK_SCOPE_XCD) amk_release_add_xcd(p, v);
+  else amk_release_add_gpu(p, v);
+}
 
 // ---------------------------------------------------------------- reductions
 AMK_DEVICE float amk_warp_sum(float v) {

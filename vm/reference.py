@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from amk.instructions.semantics import apply, dequantize, unpack_u4
+from amk.instructions.semantics import apply, dequantize, rounding_points, unpack_u4
 from amk.schedule.ir import (
     IMMUTABLE_KINDS,
     Buffer,
@@ -66,6 +66,7 @@ class _Bound:
     inputs: list[_Arg]
     outputs: list[_Arg]
     extra: dict = field(default_factory=dict)  # GEMV: the quantization group
+    rounding: dict = field(default_factory=dict)  # the op's half-precision rounders (semantics.rounding_points)
 
 
 def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult], check: bool) -> None:
@@ -166,7 +167,8 @@ class ReferenceVM:
                 raise ValueError(f"{where}: writes read-only buffer {a.buf.name}")
             if a.fixed is not None and region(a.operand, a.buf).overlapping:
                 raise ValueError(f"{where}: output region on {a.buf.name} overlaps itself")
-        bound = _Bound(task, ins, outs)
+        bound = _Bound(task, ins, outs, rounding=rounding_points(
+            p, {a.role: TORCH_DTYPE[a.buf.dtype] for a in ins}, [TORCH_DTYPE[a.buf.dtype] for a in outs]))
         if p.op == Op.GEMV and wdtype in QUANTIZED:
             self._bind_quantized(bound, where, cache_weights)
         return bound
@@ -227,7 +229,7 @@ class ReferenceVM:
 
     def _run_task(self, b: _Bound, pos: int) -> None:
         inputs = {a.role: (a.fixed if a.fixed is not None else self._kv_view(a, pos)) for a in b.inputs}
-        results = apply(b.task.params, inputs, **b.extra)
+        results = apply(b.task.params, inputs, **b.extra, **b.rounding)
         for a, val in zip(b.outputs, results):
             dst = a.fixed if a.fixed is not None else self._kv_view(a, pos)
             if val.shape != dst.shape:

@@ -30,11 +30,12 @@ struct AmkOperand {
 // Wait until counter >= (epoch - 1) * producers + threshold (wrap-safe compare).
 // `producers` is how many tasks signal the counter per step, so counters never need a
 // reset between steps: after step e every counter holds exactly e * producers.
+// `scope` (AmkScope) is the counter's memory scope: the acquire's reach.
 struct AmkWait {
   int counter;
   amk_u32 threshold;
   amk_u32 producers;
-  int pad;
+  int scope;
 };
 
 // ---------------------------------------------------------------- operand roles
@@ -126,7 +127,7 @@ struct AmkTask {
   int n_wait;
   int id;           // Task.id, for error reports
   int prefetch_in;  // bitmask of input slots to prefetch before waiting (immutable only)
-  int pad;
+  int out_scope;    // AmkScope of out_counter: the release's reach
   AmkWait waits[AMK_MAX_WAITS];
   signed char role[AMK_ROLE_SLOTS];
   int ip[AMK_NIPARAM];

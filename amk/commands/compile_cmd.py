@@ -44,8 +44,10 @@ def compile_command(
         emit_json(summary)
         return
     c = mk.validation.certificate
-    typer.echo(f"{mk.spec.name}: {c.tasks} tasks, {c.counters} counters, {c.queues} queues on {mk.program.target.name} "
-               f"- validated (hash {c.program_hash[:12]})")
+    xcds = mk.program.meta.get("resolved", {}).get("xcds", 1)
+    placed = f" ({xcds} XCDs, chiplet placement)" if xcds > 1 else ""
+    typer.echo(f"{mk.spec.name}: {c.tasks} tasks, {c.counters} counters, {c.queues} queues on {mk.program.target.name}"
+               f"{placed} - validated (hash {c.program_hash[:12]})")
     if out is not None:
         typer.echo(f"wrote {out}/program.json, config.json, report.md")
 

@@ -142,53 +142,60 @@ class Order:
     def compute_clocks(self) -> None:
         """Vector clocks, one level of the (acyclic) union graph at a time. Needs every task
         placed in a queue and `check_acyclic` passed."""
-        nt, nc, nq = self.nt, self.nc, max(len(self.prog.queues), 1)
-        clock = np.full((nt + 1, nq), -1, dtype=np.int32)  # row nt: 'no predecessor'
-        cclock = np.full((nc + 1, nq), -1, dtype=np.int32)  # row nc: 'no counter'
-        qprev = np.full(nt, nt, dtype=np.int64)
-        a, b = self.queue_pairs
-        qprev[b] = a
-        w = self.waits
-        nwait = np.bincount(w[:, 0], minlength=nt) if len(w) else np.zeros(nt, np.int64)
-        width = int(nwait.max()) if nt else 0
-        wait_mat = np.full((nt, max(width, 1)), nc, dtype=np.int64)
-        if len(w):
-            srt = np.argsort(w[:, 0], kind="stable")
-            wt, wc = w[srt, 0], w[srt, 1]
-            col = np.arange(len(wt)) - np.repeat(np.cumsum(nwait) - nwait, nwait)
-            wait_mat[wt, col] = np.where(self.full_join[wc], wc, nc)  # a partial wait orders nothing
         out = np.array([t.out_counter for t in self.prog.tasks], dtype=np.int64)
-        prod = np.argsort(out, kind="stable")
-        prod_ptr = np.searchsorted(out[prod], np.arange(nc + 1))
-        level = self.level
-        t_level, c_level = level[:nt], level[nt:]
-        t_order = np.argsort(t_level, kind="stable")
-        c_order = np.argsort(c_level, kind="stable")
-        t_ptr = np.searchsorted(t_level[t_order], np.arange(level.max() + 2))
-        c_ptr = np.searchsorted(c_level[c_order], np.arange(level.max() + 2))
-        for lv in range(int(level.max()) + 1):
-            cs = c_order[c_ptr[lv]:c_ptr[lv + 1]]
-            if len(cs):
-                cnt = prod_ptr[cs + 1] - prod_ptr[cs]
-                cs, cnt = cs[cnt > 0], cnt[cnt > 0]
-                if len(cs):
-                    idx = np.repeat(prod_ptr[cs] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
-                    cclock[cs] = np.maximum.reduceat(clock[prod[idx]], np.cumsum(cnt) - cnt, axis=0)
-            ts = t_order[t_ptr[lv]:t_ptr[lv + 1]]
-            if len(ts):
-                acc = clock[qprev[ts]]
-                for j in range(wait_mat.shape[1]):
-                    np.maximum(acc, cclock[wait_mat[ts, j]], out=acc)
-                acc[np.arange(len(ts)), self.queue_of[ts]] = self.pos_in_queue[ts]
-                clock[ts] = acc
-        self.topo = t_order.tolist()
-        self.clock = clock[:nt]
+        self.clock = vector_clocks(self.nt, self.nc, max(len(self.prog.queues), 1), self.queue_pairs, self.waits,
+                                   self.full_join, out, self.level, self.queue_of, self.pos_in_queue)
+        self.topo = np.argsort(self.level[:self.nt], kind="stable").tolist()
         self._flat_clock = self.clock.reshape(-1)
 
     def happens_before(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Elementwise: did task a[i] finish before task b[i] started?"""
         nq = self.clock.shape[1]
         return self._flat_clock[b * nq + self.queue_of[a]] >= self.pos_in_queue[a]
+
+
+def vector_clocks(nt: int, nc: int, nq: int, queue_pairs, waits: np.ndarray, full_join: np.ndarray, out: np.ndarray,
+                  level: np.ndarray, queue_of: np.ndarray, pos_in_queue: np.ndarray) -> np.ndarray:
+    """clock[t][q]: the highest position of queue q known to finish before task t starts
+    (its own position in its own queue), one level of the acyclic union graph at a time.
+    `waits` rows are (task, counter, threshold); only waits on `full_join` counters order."""
+    clock = np.full((nt + 1, nq), -1, dtype=np.int32)  # row nt: 'no predecessor'
+    cclock = np.full((nc + 1, nq), -1, dtype=np.int32)  # row nc: 'no counter'
+    qprev = np.full(nt, nt, dtype=np.int64)
+    a, b = queue_pairs
+    qprev[b] = a
+    w = waits
+    nwait = np.bincount(w[:, 0], minlength=nt) if len(w) else np.zeros(nt, np.int64)
+    width = int(nwait.max()) if nt else 0
+    wait_mat = np.full((nt, max(width, 1)), nc, dtype=np.int64)
+    if len(w):
+        srt = np.argsort(w[:, 0], kind="stable")
+        wt, wc = w[srt, 0], w[srt, 1]
+        col = np.arange(len(wt)) - np.repeat(np.cumsum(nwait) - nwait, nwait)
+        wait_mat[wt, col] = np.where(full_join[wc], wc, nc)  # a partial wait orders nothing
+    prod = np.argsort(out, kind="stable")
+    prod_ptr = np.searchsorted(out[prod], np.arange(nc + 1))
+    t_level, c_level = level[:nt], level[nt:]
+    t_order = np.argsort(t_level, kind="stable")
+    c_order = np.argsort(c_level, kind="stable")
+    t_ptr = np.searchsorted(t_level[t_order], np.arange(level.max() + 2))
+    c_ptr = np.searchsorted(c_level[c_order], np.arange(level.max() + 2))
+    for lv in range(int(level.max()) + 1):
+        cs = c_order[c_ptr[lv]:c_ptr[lv + 1]]
+        if len(cs):
+            cnt = prod_ptr[cs + 1] - prod_ptr[cs]
+            cs, cnt = cs[cnt > 0], cnt[cnt > 0]
+            if len(cs):
+                idx = np.repeat(prod_ptr[cs] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())
+                cclock[cs] = np.maximum.reduceat(clock[prod[idx]], np.cumsum(cnt) - cnt, axis=0)
+        ts = t_order[t_ptr[lv]:t_ptr[lv + 1]]
+        if len(ts):
+            acc = clock[qprev[ts]]
+            for j in range(wait_mat.shape[1]):
+                np.maximum(acc, cclock[wait_mat[ts, j]], out=acc)
+            acc[np.arange(len(ts)), queue_of[ts]] = pos_in_queue[ts]
+            clock[ts] = acc
+    return clock[:nt]
 
 
 def _levels(n: int, src: np.ndarray, dst: np.ndarray) -> Optional[np.ndarray]:

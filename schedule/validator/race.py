@@ -19,6 +19,8 @@ append.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from amk.schedule import ir
@@ -155,11 +157,14 @@ def _report_pairs(rep: Report, prog: ir.Program, check: str, first, second, buf)
                 tasks=[int(a), int(b)], buffers=[int(bf)])
 
 
-def check_tiles(prog: ir.Program, acc: Accesses, rep: Report) -> None:
+def check_tiles(prog: ir.Program, acc: Accesses, rep: Report, out: Optional[np.ndarray] = None) -> None:
     """Tasks that share a counter form a producer set: on each buffer their written tiles
-    must be disjoint and leave no gap; every IO_OUTPUT must be written whole."""
+    must be disjoint and leave no gap; every IO_OUTPUT must be written whole. `out`: every
+    task's out_counter, if the caller has it."""
     w = acc.write
-    counter = np.array([t.out_counter for t in prog.tasks], dtype=np.int64)[acc.task[w]]
+    if out is None:
+        out = np.array([t.out_counter for t in prog.tasks], dtype=np.int64)
+    counter = out[acc.task[w]]
     buf, lo, hi, task = acc.buf[w], acc.lo[w], acc.hi[w], acc.task[w]
     srt = np.lexsort((lo, buf, counter))
     counter, buf, lo, hi, task = counter[srt], buf[srt], lo[srt], hi[srt], task[srt]

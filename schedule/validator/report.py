@@ -21,6 +21,7 @@ CHECK_GROUPS: dict[str, str] = {
     "queue-order-deadlock": "deadlock-free",
     "coresidency": "deadlock-free",
     "partial-wait": "race-free",
+    "scope": "race-free",
     "read-after-write": "race-free",
     "write-after-read": "race-free",
     "write-after-write": "race-free",

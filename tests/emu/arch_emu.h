@@ -74,6 +74,12 @@ AMK_DEVICE int atomicCAS(int* p, int cmp, int val) {
 }
 
 // ---------------------------------------------------------------- barriers and warps
+AMK_DEVICE int atomicMax(int* p, int v) {
+  int cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+  }
+  return cur;
+}
 AMK_DEVICE void amk_syncthreads() { amk_emu_block->bar.arrive_and_wait(); }
 AMK_DEVICE void amk_syncwarp() { amk_emu_block->warp_bars[threadIdx.x / AMK_WARP_SIZE]->arrive_and_wait(); }
 AMK_DEVICE unsigned amk_emu_shfl_xor(unsigned v, int mask) {
@@ -109,6 +115,11 @@ AMK_DEVICE float __uint_as_float(unsigned u) {
   return f;
 }
 AMK_DEVICE float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+AMK_DEVICE int __float_as_int(float f) {
+  int i;
+  memcpy(&i, &f, 4);
+  return i;
+}
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 AMK_DEVICE unsigned short amk_f32_to_bf16(float f) {
   unsigned u;
