@@ -27,12 +27,12 @@ for step in $STEPS; do
   case $step in
     tests)
       log "GPU tests"
-      (cd "$REPO" && timeout -k 5 200 python3 -m pytest -m gpu tests/test_vm_gpu.py -x -q -p no:cacheprovider \
+      (cd "$REPO" && timeout -k 5 300 python3 -m pytest -m gpu tests/test_vm_gpu.py -x -q -p no:cacheprovider \
         -p no:randomly 2>&1 | tail -n 25 | tee "$OUT/pytest.log")
       ;;
     trace)
       log "trace step (ctx $CTX)"
-      timeout -k 5 150 python3 -m amk.eval.trace_step --ctx "$CTX" --out "$OUT" 2>&1 | sed -n '1,40p' | tee -a "$LOG"
+      timeout -k 5 200 python3 -m amk.eval.trace_step --ctx "$CTX" --out "$OUT" 2>&1 | sed -n '1,40p' | tee -a "$LOG"
       ;;
     bench)
       for cfg in default ${AMK_PERF_CONFIGS:-}; do
