@@ -5,9 +5,10 @@
 #
 #   device run:  bash eval/perf_session.sh     carry: [".whl"]   timeout_s: 590
 #
-# Knobs: AMK_PERF_STEPS (what to run, default "tests trace bench"), AMK_PERF_CONFIGS (space-
+# Knobs: AMK_PERF_STEPS (what to run, default "tests trace bench"), AMK_TRACE_SHAPES (shapes to trace,
+# default llama-3.2-1b), AMK_PERF_CONFIGS (space-
 # separated config JSON paths, relative to the repo), AMK_BENCH_BASELINES, AMK_BENCH_CTX.
-# Results under $OUT: pytest.log, trace_step.json, perf_*.json, session.log.
+# Results under $OUT: pytest.log, SHAPE/trace_step.json, perf_*.json, session.log.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/out/perf_session}
@@ -31,8 +32,12 @@ for step in $STEPS; do
         -p no:randomly 2>&1 | tail -n 25 | tee "$OUT/pytest.log")
       ;;
     trace)
-      log "trace step (ctx $CTX)"
-      timeout -k 5 200 python3 -m amk.eval.trace_step --ctx "$CTX" --out "$OUT" 2>&1 | sed -n '1,40p' | tee -a "$LOG"
+      for shape in ${AMK_TRACE_SHAPES:-llama-3.2-1b}; do
+        log "trace step ($shape, ctx $CTX)"
+        mkdir -p "$OUT/$shape"
+        timeout -k 5 200 python3 -m amk.eval.trace_step --shape "$shape" --ctx "$CTX" --out "$OUT/$shape" 2>&1 \
+          | sed -n '1,40p' | tee -a "$LOG"
+      done
       ;;
     bench)
       for cfg in default ${AMK_PERF_CONFIGS:-}; do

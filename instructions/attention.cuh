@@ -344,12 +344,20 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
     den[h] = d;
   }
   amk_syncthreads();
+  constexpr int U = 16;  // partial outputs loaded before the first is used (then summed in split order)
   for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
     const int h = i / hd;
     float num = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s)
-      num = amk_add(num, amk_mul(wm[s * qh + h], amk_load(pb, amk_flat(po, (amk_i64)s * qh * hd + i))));
+#pragma unroll 1
+    for (int s0 = 0; s0 < splits; s0 += U) {
+      float ov[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (s0 + u < splits) ov[u] = amk_load(pb, amk_flat(po, (amk_i64)(s0 + u) * qh * hd + i));
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (s0 + u < splits) num = amk_add(num, amk_mul(wm[(s0 + u) * qh + h], ov[u]));
+    }
     amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
   }
 }

@@ -105,24 +105,35 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w) {
   return w.sb == nullptr || (w.group % F::VEC == 0 && w.k_lo % F::VEC == 0);
 }
 
-// Dot of row r of w (and of w2 when PAIR) with xs[0:K); whole warp; result in every lane.
+// Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
+// matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
-                                 float& a2) {
+struct AmkGemvUnroll {
+  static constexpr int base = (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
+  static constexpr int value = PAIR && base > 1 ? base / 2 : base;
+};
+
+// Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
+// the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
+// lane group has no row (it still takes part in the shuffles). Several lane groups per warp
+// keep short rows' loads in flight together: with K = 576 one row is 72 vectors, so a warp
+// that walked its rows one at a time waited one memory latency per 1.1 KB.
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, bool valid, int K,
+                                 int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
-  constexpr int U = Q ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
-  const int nvec = K / F::VEC;
+  constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
+  const int nvec = valid ? K / F::VEC : 0;
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-  const int lane = amk_lane();
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
-  for (int v0 = lane; v0 < nvec; v0 += AMK_WARP_SIZE * U) {
+  for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
-      const int v = v0 + u * AMK_WARP_SIZE;
+      const int v = v0 + u * L;
       if (v < nvec) {
         raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
         if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
@@ -130,7 +141,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const fl
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * AMK_WARP_SIZE;
+      const int v = v0 + u * L;
       if (v < nvec) {
         const int col = v * F::VEC;
         const float* xv = xs + col;
@@ -145,12 +156,30 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const fl
       }
     }
   }
-  for (int col = nvec * F::VEC + lane; col < K; col += AMK_WARP_SIZE) {  // tail
-    s1 += amk_w_at(w, r, col) * xs[col];
-    if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+  if (valid) {
+    for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
+      s1 += amk_w_at(w, r, col) * xs[col];
+      if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+    }
   }
-  a1 = amk_warp_sum(s1);
-  a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
+  for (int m = L / 2; m > 0; m >>= 1) {
+    s1 += amk_shfl_xor(s1, m);
+    if (PAIR) s2 += amk_shfl_xor(s2, m);
+  }
+  a1 = s1;
+  a2 = s2;
+}
+
+// Lanes per row: the fewest (a power of two, >= 4 so that a load instruction still covers
+// whole 32-byte sectors) whose U loads each cover a row in one round.
+template <int DT, bool PAIR>
+AMK_DEVICE int amk_gemv_lanes(int K) {
+  using F = AmkWFmt<DT>;
+  constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
+  const int nvec = K / F::VEC;
+  int L = AMK_WARP_SIZE;
+  while (L > 4 && (L / 2) * U >= nvec) L >>= 1;
+  return L;
 }
 
 // Scalar fallback for slabs that are not 16-byte aligned; whole warp.
@@ -170,11 +199,24 @@ template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
   const bool vec = amk_gemv_vec_ok<DT>(w) && (!PAIR || amk_gemv_vec_ok<DT>(w2));
   constexpr int m = PAIR ? 2 : 1;
+  if (vec) {
+    const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+#pragma unroll 1
+    for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
+      const int r = r0 + amk_lane() / L;
+      float a1, a2;
+      amk_gemv_row_vec<DT, PAIR>(w, w2, xs, r, r < rows, K, L, sub, a1, a2);
+      if (sub == 0 && r < rows) {
+        acc[r * m] = a1;
+        if (PAIR) acc[r * m + 1] = a2;
+      }
+    }
+    return;
+  }
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
     float a1, a2;
-    if (vec) amk_gemv_row_vec<DT, PAIR>(w, w2, xs, r, K, a1, a2);
-    else amk_gemv_row_scalar<PAIR>(w, w2, xs, r, K, a1, a2);
+    amk_gemv_row_scalar<PAIR>(w, w2, xs, r, K, a1, a2);
     if (amk_lane() == 0) {
       acc[r * m] = a1;
       if (PAIR) acc[r * m + 1] = a2;
@@ -203,17 +245,25 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   float* acc = xs + amk_round4(K);
   float* red = acc + amk_round4((long long)rows * m);
 
-  // prologue: stage x (or its RMSNorm) as fp32
+  // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
-  if (t.ip[AMK_P_HAS_NORM]) {
-    const float inv = amk_block_inv_rms(c, x, t.ip[AMK_P_K], t.fp[AMK_F_NORM_EPS], red);
+  const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
+  amk_for_elems(xb, x, norm ? k_lo : 0, K, [&](int i, float v) { xs[i] = v; });
+  if (norm) {
+    const int hidden = t.ip[AMK_P_K];
+    const float eps = t.fp[AMK_F_NORM_EPS];
+    float inv;
+    if (k_lo == 0 && K == hidden) {  // the whole row is staged: its squares come from shared memory
+      amk_syncthreads();
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];
+      inv = amk_inv_rms(amk_block_sum(ss, red), hidden, eps);
+    } else {
+      inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs
+    }
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
-    const AmkBuffer& gb = amk_buf(c, g);
-    for (int i = threadIdx.x; i < K; i += blockDim.x)
-      xs[i] = amk_rms_apply(amk_load(xb, amk_flat(x, k_lo + i)), inv, amk_load(gb, amk_flat(g, k_lo + i)), xb.dtype);
-  } else {
-    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = amk_load(xb, amk_flat(x, i));
+    amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float gv) { xs[i] = amk_rms_apply(xs[i], inv, gv, xb.dtype); });
   }
   amk_syncthreads();
 

@@ -4,17 +4,16 @@
 // by HEAD_NORM and the GEMV/REDUCE rope epilogue.
 #pragma once
 #include "common.cuh"
+#include "vec.cuh"
+
+// rsqrt(ss / n + eps): the inverse RMS from a sum of squares over n elements.
+AMK_DEVICE float amk_inv_rms(float ss, int n, float eps) { return amk_rsqrt(amk_add(amk_div(ss, (float)n), eps)); }
 
 // rsqrt(mean_{i<n} x[i]^2 + eps) over the first n elements of a flat operand; all threads.
 AMK_DEVICE float amk_block_inv_rms(const AmkCtx& c, const AmkOperand& x, int n, float eps, float* red) {
-  const AmkBuffer& xb = amk_buf(c, x);
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = amk_load(xb, amk_flat(x, i));
-    ss += v * v;
-  }
-  ss = amk_block_sum(ss, red);
-  return amk_rsqrt(amk_add(amk_div(ss, (float)n), eps));
+  amk_for_elems(amk_buf(c, x), x, 0, n, [&](int, float v) { ss += v * v; });
+  return amk_inv_rms(amk_block_sum(ss, red), n, eps);
 }
 
 // One normalised element: rnd(rnd(x * r) * g), rnd rounding to dtype `dt` (HF: weight *

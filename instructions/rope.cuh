@@ -2,6 +2,7 @@
 // amk_warp_rope is shared with the GEMV/REDUCE ROPE and ROPE_APPEND epilogues.
 #pragma once
 #include "common.cuh"
+#include "vec.cuh"
 
 // One warp rotates a head h[0:hd) (shared memory) and stores it to elements
 // e0 .. e0+hd of output operand y (flat, or KV row pos for kv == APPEND):
@@ -31,8 +32,7 @@ AMK_DEVICE long long amk_smem_heads(const AmkTask& t) {
 
 // Stage x (heads*hd values) into shared memory as fp32; all threads; ends with a barrier.
 AMK_DEVICE void amk_stage(const AmkCtx& c, float* dst, const AmkOperand& x, int n) {
-  const AmkBuffer& xb = amk_buf(c, x);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = amk_load(xb, amk_flat(x, i));
+  amk_for_elems(amk_buf(c, x), x, 0, n, [&](int i, float v) { dst[i] = v; });
   amk_syncthreads();
 }
 

@@ -54,3 +54,65 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   }
 };
 
+
+// ---------------------------------------------------------------- batched element reads
+// f(i, element first + i of flat operand o as fp32) for i in [0, n), spread over the block's
+// threads. Every thread issues a whole batch of loads before it uses the first: a loop that
+// stores each value (to shared or global memory) before the next load pays one full memory
+// latency per element, because the compiler cannot prove the store and the next load
+// disjoint (measured: a K = 8192 GEMV prologue of 32 such round trips per thread). One
+// contiguous, 16-byte aligned float run takes 16-byte loads, AMK_STAGE_UNROLL per batch;
+// everything else (tails, strided operands, integer dtypes) element loads, 4x as many per
+// batch. The element -> thread mapping is fixed, so sums over f stay deterministic.
+#ifndef AMK_STAGE_UNROLL
+#define AMK_STAGE_UNROLL 4
+#endif
+
+template <int DT, class F>
+AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f) {
+  using Fmt = AmkWFmt<DT>;
+  constexpr int U = AMK_STAGE_UNROLL;
+  const int nvec = n / Fmt::VEC, T = blockDim.x;
+#pragma unroll 1
+  for (int v0 = threadIdx.x; v0 < nvec; v0 += T * U) {
+    amk_u32x4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + u * T < nvec) raw[u] = amk_ld16(base + (amk_i64)(v0 + u * T) * 16);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * T;
+      if (v < nvec) {
+#pragma unroll
+        for (int j = 0; j < Fmt::VEC; ++j) f(v * Fmt::VEC + j, Fmt::get(raw[u], j));
+      }
+    }
+  }
+  return nvec * Fmt::VEC;  // elements covered
+}
+
+template <class F>
+AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f) {
+  int done = 0;
+  const int bytes = b.dtype == AMK_DTYPE_F32 ? 4 : (b.dtype == AMK_DTYPE_BF16 || b.dtype == AMK_DTYPE_F16) ? 2 : 0;
+  if (bytes != 0 && (o.count <= 1 || first + n <= o.len)) {  // inside the first (contiguous) run
+    const char* base = (const char*)b.ptr + (o.off + first) * bytes;
+    if ((unsigned long long)base % 16 == 0) {
+      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec<AMK_DTYPE_F32>(base, n, f);
+      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec<AMK_DTYPE_BF16>(base, n, f);
+      else done = amk_for_elems_vec<AMK_DTYPE_F16>(base, n, f);
+    }
+  }
+  constexpr int U = 4 * AMK_STAGE_UNROLL;
+  const int T = blockDim.x;
+#pragma unroll 1
+  for (int i0 = done + threadIdx.x; i0 < n; i0 += T * U) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * T < n) v[u] = amk_load(b, amk_flat(o, first + i0 + u * T));
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * T < n) f(i0 + u * T, v[u]);
+  }
+}

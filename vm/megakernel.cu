@@ -24,8 +24,19 @@
 #ifndef AMK_MIN_BLOCKS
 #define AMK_MIN_BLOCKS 1  // persistent blocks per SM (Program.blocks_per_cu)
 #endif
+// Poll back-off, in proportion to the signals a wait still misses: a counter far from its
+// target (120 of 132 producers outstanding) is polled rarely, so ~131 pollers do not congest
+// its L2 slice (a flat 256 ns made the step 4.5x slower), and one a signal or two short of it
+// is polled often, so the hop after the last signal stays short (a doubling back-off capped at
+// 4096 ns cost 4-8 us per hop: the pollers slept through the signal).
 #ifndef AMK_SPIN_MAX_NS
-#define AMK_SPIN_MAX_NS 4096  // longest poll back-off: 256 made 131 pollers congest the memory system (4.5x slower step)
+#define AMK_SPIN_MAX_NS 4096
+#endif
+#ifndef AMK_SPIN_MIN_NS
+#define AMK_SPIN_MIN_NS 64
+#endif
+#ifndef AMK_SPIN_NS_PER_SIGNAL
+#define AMK_SPIN_NS_PER_SIGNAL 128
 #endif
 #ifndef AMK_PREFETCH_MAX_LINES
 #define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
@@ -68,13 +79,15 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
     unsigned v = amk_ld_acquire(p, wt.scope);
     if ((int)(v - target) >= 0) continue;
     const unsigned long long t0 = amk_timer_ns();
-    unsigned ns = 32, iter = 0;
+    unsigned iter = 0;
     for (;;) {
-      amk_nanosleep(ns);
-      if (ns < AMK_SPIN_MAX_NS) ns <<= 1;
+      const unsigned missing = target - v;  // > 0 here (modulo 2^32, like the thresholds)
+      unsigned ns = AMK_SPIN_MAX_NS;
+      if (missing < AMK_SPIN_MAX_NS / AMK_SPIN_NS_PER_SIGNAL) ns = missing * AMK_SPIN_NS_PER_SIGNAL;
+      amk_nanosleep(ns < AMK_SPIN_MIN_NS ? AMK_SPIN_MIN_NS : ns);
       v = amk_ld_acquire(p, wt.scope);
       if ((int)(v - target) >= 0) break;
-      if ((++iter & 63) == 0) {  // every ~10 us: give up on another block's error, an abort, the budget
+      if ((++iter & 63) == 0) {  // every 64 polls: give up on another block's error, an abort, the budget
         if (amk_ld_volatile(&c.status[AMK_ST_CODE]) != 0) return false;
         if (host_abort != nullptr && amk_ld_volatile(host_abort) != 0) {
           amk_report(c, AMK_ERR_ABORTED, wt.counter, v, target);
