@@ -254,6 +254,47 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkKvRows& K, const AmkKvRows& V, co
   }
 }
 
+// The cache rows [j0, j1) of one split at position pos (ir.AttnPartialParams: chunks of
+// ceil(ceil((pos+1)/splits)/block)*block rows).
+AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
+  const int len = pos + 1;
+  const int per = (len + splits - 1) / splits;
+  const int chunk = (per + block - 1) / block * block;
+  j0 = min(split * chunk, len);
+  j1 = min(j0 + chunk, len);
+}
+
+// While the partial waits for this step's q/k/v: hint the L2 to fetch the split's K and V
+// rows, so that its loads after the wait hit L2 instead of HBM. A hint only (the prefetch
+// cannot change what a load returns), so reading pos and the rows before the wait is safe
+// even though the step appends one row. t and bufs: the global tables (the task may not be
+// the one in shared memory); threads tid < nthr; stops when *keep_going drops to 0.
+AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, int tid, int nthr,
+                                       const volatile int* keep_going) {
+  const int rp = t->role[AMK_ROLE_POS], rk = t->role[AMK_ROLE_K], rv = t->role[AMK_ROLE_V];
+  if (rp < 0 || rk < 0 || rv < 0) return;
+  const AmkOperand& po = t->in[rp];
+  const AmkBuffer& pb = bufs[po.buf];
+  if (pb.dtype != AMK_DTYPE_I32) return;
+  const int pos = ((const int*)pb.ptr)[amk_flat(po, 0)];
+  int j0, j1;
+  amk_attn_split_rows(pos, t->ip[AMK_P_ATTN_SPLITS], t->ip[AMK_P_ATTN_SPLIT], t->ip[AMK_P_ATTN_BLOCK], j0, j1);
+  const amk_i64 hd = t->ip[AMK_P_ATTN_HEAD_DIM];
+  for (int kv = 0; kv < 2; ++kv) {
+    const AmkOperand& o = t->in[kv == 0 ? rk : rv];
+    const AmkBuffer& b = bufs[o.buf];
+    if (pos < 0 || pos >= b.rows) return;
+    const int bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
+    const amk_i64 row_bytes = hd * bytes, lines = (row_bytes + 127) / 128 + 1;  // +1: a row may straddle
+    for (amk_i64 i = tid; i < (amk_i64)(j1 - j0) * lines; i += nthr) {
+      if (*keep_going == 0) return;
+      const amk_i64 j = j0 + i / lines, first = (j * b.width + o.off) * bytes;
+      const amk_i64 byte = (first & ~127ll) + (i % lines) * 128;
+      if (byte < first + row_bytes) amk_prefetch_l2((const char*)b.ptr + byte);
+    }
+  }
+}
+
 AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS];
@@ -274,22 +315,19 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   float* wpart = (float*)(mkey + qh);
   float* cache = wpart + nw * AMK_ATTN_HB * hd;
 
-  const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
-  if (!amk_check_pos(c, pos)) return;
-  const int len = pos + 1;
-  const int per = (len + splits - 1) / splits;
-  const int chunk = (per + block - 1) / block * block;
-  const int j0 = min(split * chunk, len);
-  const int j1 = min(j0 + chunk, len);
-
   const AmkOperand &q = amk_in(c, AMK_ROLE_Q), &k = amk_in(c, AMK_ROLE_K), &v = amk_in(c, AMK_ROLE_V);
   const AmkBuffer &qb = amk_buf(c, q), &kb = amk_buf(c, k), &vb = amk_buf(c, v);
+  const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));  // in flight while q is staged
+  amk_for_elems(qb, q, 0, qh * hd, [&](int i, float x) { qs[i] = x; });
+  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) o[i] = 0.0f;
+  for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
+  if (!amk_check_pos(c, pos)) return;
+  int j0, j1;
+  amk_attn_split_rows(pos, splits, split, block, j0, j1);
   if (kb.dtype != vb.dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype, vb.dtype);
     return;
   }
-  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) qs[i] = amk_load(qb, amk_flat(q, i)), o[i] = 0.0f;
-  for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
   amk_syncthreads();
 
   if (kb.dtype != AMK_DTYPE_F32 && kb.dtype != AMK_DTYPE_BF16 && kb.dtype != AMK_DTYPE_F16) {
@@ -311,7 +349,7 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
 // The (m, l) pairs of every split are staged once with parallel loads; the weights and the
-// denominator per head follow in shared memory; each output element then sums its splits
+// denominator per head follow in shared memory (a warp per head, a fixed reduction tree); each output element then sums its splits
 // with independent loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
   const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
@@ -332,16 +370,18 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
     ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
   }
   amk_syncthreads();
-  for (int h = threadIdx.x; h < qh; h += blockDim.x) {
+  for (int h = amk_warp(); h < qh; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
     float mx = amk_neg_inf();
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, wm[s * qh + h]);
+    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * qh + h]);
+    mx = amk_warp_max(mx);
     float d = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) {
       const float w = amk_exp(amk_sub(wm[s * qh + h], mx));
       wm[s * qh + h] = w;
       d = amk_add(d, amk_mul(w, ls[s * qh + h]));
     }
-    den[h] = d;
+    d = amk_warp_sum(d);
+    if (amk_lane() == 0) den[h] = d;
   }
   amk_syncthreads();
   constexpr int U = 16;  // partial outputs loaded before the first is used (then summed in split order)

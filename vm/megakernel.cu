@@ -1,8 +1,8 @@
 // The AMK megakernel: one persistent block per queue walks its tasks in order.
 //
-// Per task:  copy the record to shared memory -> prefetch immutable inputs into L2 (this
-//            task's, or prefetch_depth-1 tasks ahead) ->
-//            thread 0 spins (acquire) until every wait is met -> barrier -> dispatch the op
+// Per task:  copy the record and its buffer descriptors to shared memory -> thread 0 spins
+//            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
+//            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
 //            -> barrier -> thread 0 releases +1 on the task's out_counter.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
@@ -44,27 +44,35 @@
 
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
-// Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in); all threads.
-// Reads the record from the global table: it may be a task further down the queue.
-AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs) {
-  long long done = 0;
+// Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
+// partial's KV rows too, instructions/attention.cuh), spread over
+// threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
+// then on the op's own loads fetch the rest). Reads the record from the global table: it may
+// be a task further down the queue.
+AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
+                                  int nthr, const volatile int* keep_going) {
+  if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
+  long long budget = AMK_PREFETCH_MAX_LINES;
   const int mask = t->prefetch_in;
-  for (int s = 0; s < t->n_in && mask != 0 && done < AMK_PREFETCH_MAX_LINES; ++s) {
+  for (int s = 0; s < t->n_in && mask != 0 && budget > 0; ++s) {
     if (!((mask >> s) & 1)) continue;
     const AmkOperand& o = t->in[s];
     const AmkBuffer& b = bufs[o.buf];
     const int bits = b.dtype == AMK_DTYPE_U4 ? 4 : b.dtype == AMK_DTYPE_I8 ? 8
                    : (b.dtype == AMK_DTYPE_F16 || b.dtype == AMK_DTYPE_BF16) ? 16 : 32;
-    const long long run_bytes = ((long long)o.len * bits + 7) / 8;
-    const long long lines = run_bytes / 128 + 2;  // a run may straddle one extra line
-    const long long total = lines * (o.count > 0 ? o.count : 1);
-    for (long long i = threadIdx.x; i < total && done + i < AMK_PREFETCH_MAX_LINES; i += blockDim.x) {
-      const long long run = i / lines, line = i - run * lines;
-      const long long first = (o.off + run * o.stride) * bits / 8;
-      const long long byte = (first & ~127ll) + line * 128;
-      if (byte < first + run_bytes) amk_prefetch_l2((const char*)b.ptr + byte);
+    const int count = o.count > 0 ? o.count : 1;
+    const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
+    const int runs = dense ? 1 : count;
+    const long long run_bytes = ((long long)o.len * (dense ? count : 1) * bits + 7) / 8;
+    for (int r = 0; r < runs && budget > 0; ++r) {
+      const long long first = (o.off + (long long)r * o.stride) * bits / 8, lo = first & ~127ll;
+      const long long lines = (first + run_bytes - lo + 127) / 128;
+      for (long long l = tid; l < lines && l < budget; l += nthr) {
+        if (*keep_going == 0) return;
+        amk_prefetch_l2((const char*)b.ptr + lo + l * 128);
+      }
+      budget -= lines;
     }
-    done += total;
   }
 }
 
@@ -114,11 +122,13 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
   AMK_BLOCK_SHARED(AmkTask, s_task);
+  AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
+  AMK_BLOCK_SHARED(int, s_waiting);
 
   AmkCtx c;
   c.t = &s_task;
-  c.bufs = bufs;
+  c.bufs = s_bufs.b;
   c.smem = (float*)amk_dyn_smem;
   c.smem_words = smem_bytes / 4;
   c.status = status;
@@ -129,18 +139,34 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     const int* src = (const int*)(tasks + queue_tasks[qi]);
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
     amk_syncthreads();
-    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
-
-    // Weights are immutable: start fetching them before waiting. Each task is prefetched
-    // once, prefetch_depth - 1 tasks ahead of its turn (the first ones at queue start).
-    if (prefetch_depth > 0) {
-      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
-      for (int a = first; a < last; ++a) amk_prefetch_task(tasks + queue_tasks[a], bufs);
+    // The task's buffer descriptors move to shared memory before the wait (operand slot s
+    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
+    if ((int)threadIdx.x < n_ops) {
+      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
+      s_bufs.b[threadIdx.x] = bufs[o.buf];
+      o.buf = threadIdx.x;
     }
+    if (threadIdx.x == 0) s_waiting = 1;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
+    amk_syncthreads();
+
+    // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
+    // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
+    // when the wait is over: a prefetch that ran to completion before a short wait delayed
+    // the op by the time it took to issue (6 us per 508 KB gate/up slab).
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 0] = amk_timer_ns();
 #endif
-    if (threadIdx.x == 0) s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
+    if (threadIdx.x == 0) {
+      s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
+      *(volatile int*)&s_waiting = 0;
+    } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
+      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+      for (int a = first; a < last; ++a)
+        amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
+                          &s_waiting);
+    }
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 1] = amk_timer_ns();
 #endif
