@@ -45,6 +45,13 @@ AMK_DEVICE int amk_argmax_vec(const AmkBuffer& xb, amk_i64 off, int n, float& be
   return nvec * F::VEC;
 }
 
+// The vector path where this build compiles DT (AMK_DTYPES); else the element loop does it all.
+template <int DT>
+AMK_DEVICE int amk_argmax_vec_if(const AmkBuffer& xb, amk_i64 off, int n, float& best, int& bi) {
+  if constexpr (AMK_WITH_DTYPE(DT)) return amk_argmax_vec<DT>(xb, off, n, best, bi);
+  else return 0;
+}
+
 AMK_DEVICE long long amk_smem_argmax(const AmkTask&) { return 2 * AMK_WARP_SIZE; }
 
 AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
@@ -59,9 +66,9 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
   int bi = n;  // sentinel: loses to any real index
   int done = 0;  // elements covered by 16-byte vectors
   if (x.count <= 1) {
-    if (xb.dtype == AMK_DTYPE_F32) done = amk_argmax_vec<AMK_DTYPE_F32>(xb, x.off, n, best, bi);
-    else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
-    else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
+    if (xb.dtype == AMK_DTYPE_F32) done = amk_argmax_vec_if<AMK_DTYPE_F32>(xb, x.off, n, best, bi);
+    else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec_if<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
+    else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec_if<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
   }
   for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
     const float v = amk_load(xb, amk_flat(x, i));

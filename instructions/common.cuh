@@ -5,6 +5,20 @@
 
 #include "portability.h"
 
+// Build-time specialization (vm/loader.py derives these from the program): bit d set = the
+// code paths of AmkDType d are compiled in, for any buffer (AMK_DTYPES) and for GEMV weights
+// (AMK_GEMV_WDTYPES). The megakernel is one function; every template instance it does not
+// need makes it larger, and a kernel far beyond the instruction cache pays instruction
+// fetches at every switch between ops. A dtype left out reports AMK_ERR_DTYPE. Default: all.
+#ifndef AMK_DTYPES
+#define AMK_DTYPES 0x3f
+#endif
+#ifndef AMK_GEMV_WDTYPES
+#define AMK_GEMV_WDTYPES 0x3f
+#endif
+#define AMK_WITH_DTYPE(dt) ((((AMK_DTYPES) >> (dt)) & 1) != 0)
+#define AMK_WITH_GEMV_WDTYPE(dt) ((((AMK_GEMV_WDTYPES) >> (dt)) & 1) != 0)
+
 // What every op function receives. `t` and `smem` are in shared memory.
 struct AmkCtx {
   const AmkTask* t;

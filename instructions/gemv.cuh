@@ -224,14 +224,25 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   }
 }
 
+// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
+template <int DT, bool PAIR>
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+  if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, acc, rows, K);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: amk_gemv_rows<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K); return true;
-    case AMK_DTYPE_BF16: amk_gemv_rows<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K); return true;
-    case AMK_DTYPE_F16: amk_gemv_rows<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K); return true;
-    case AMK_DTYPE_I8: amk_gemv_rows<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K); return true;
-    case AMK_DTYPE_U4: amk_gemv_rows<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K); return true;
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K);
     default: return false;
   }
 }

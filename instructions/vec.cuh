@@ -91,6 +91,13 @@ AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f) {
   return nvec * Fmt::VEC;  // elements covered
 }
 
+// The vector path for DT where this build compiles it (AMK_DTYPES), else nothing covered.
+template <int DT, class F>
+AMK_DEVICE int amk_for_elems_vec_if(const char* base, int n, F& f) {
+  if constexpr (AMK_WITH_DTYPE(DT)) return amk_for_elems_vec<DT>(base, n, f);
+  else return 0;
+}
+
 template <class F>
 AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f) {
   int done = 0;
@@ -98,9 +105,9 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
   if (bytes != 0 && (o.count <= 1 || first + n <= o.len)) {  // inside the first (contiguous) run
     const char* base = (const char*)b.ptr + (o.off + first) * bytes;
     if ((unsigned long long)base % 16 == 0) {
-      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec<AMK_DTYPE_F32>(base, n, f);
-      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec<AMK_DTYPE_BF16>(base, n, f);
-      else done = amk_for_elems_vec<AMK_DTYPE_F16>(base, n, f);
+      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec_if<AMK_DTYPE_F32>(base, n, f);
+      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec_if<AMK_DTYPE_BF16>(base, n, f);
+      else done = amk_for_elems_vec_if<AMK_DTYPE_F16>(base, n, f);
     }
   }
   constexpr int U = 4 * AMK_STAGE_UNROLL;

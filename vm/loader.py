@@ -204,10 +204,13 @@ class PackedProgram:
 
         recs = np.zeros(len(program.tasks), dtype=TASK_DTYPE)
         words = 0
+        gemv_wdtypes: set[DType] = set()
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
             wdtype = program.buffers[self.buffer_index[t.inputs[0].buf]].dtype if p.op == Op.GEMV and t.inputs else DType.F32
+            if p.op == Op.GEMV:
+                gemv_wdtypes.add(wdtype)
             iroles, oroles = input_roles(p, wdtype), output_roles(p)
             if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
@@ -235,6 +238,10 @@ class PackedProgram:
             words = max(words, smem_words(p, threads, program.kv_capacity))
         self.tasks = recs
         self.smem_bytes = 4 * words
+        # Build-time specialization (instructions/common.cuh): compile only the dtype paths
+        # this program uses; the kernel is one function and its size costs instruction fetches.
+        self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
+                        "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -254,6 +261,14 @@ class PackedProgram:
 
 
 # ---------------------------------------------------------------------- the VM
+def _dtype_mask(dtypes) -> int:
+    """Bit d set for every AmkDType code d among `dtypes` (at least one bit: 0 is F32)."""
+    mask = 0
+    for d in dtypes:
+        mask |= 1 << int(d)
+    return mask or 1
+
+
 def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]) -> None:
     if validation is None:
         validation = importlib.import_module("amk.schedule.validate").validate(program)
@@ -269,7 +284,8 @@ class CudaVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], device: str | torch.device = "cuda", *,
                  validation: Optional[ValidationResult] = None, timeout_s: float = 10.0,
                  spin_timeout_s: Optional[float] = None, prefetch_depth: Optional[int] = None,
-                 poison_each_step: bool = False, trace: bool = False, _unsafe_skip_validation: bool = False):
+                 poison_each_step: bool = False, trace: bool = False, specialize: bool = True,
+                 _unsafe_skip_validation: bool = False):
         """`tensors`: buffer name -> contents of every WEIGHT and CONST buffer (I8 as int8,
         U4 as uint8 packed two per byte), on any device. `validation`: a result to honour
         instead of running the validator. `timeout_s`: host watchdog per launch;
@@ -278,7 +294,10 @@ class CudaVM:
         program's meta['vm']['prefetch_depth'], else 1). `poison_each_step`: fill
         activations/scratch/outputs with NaN before every step, as the ReferenceVM does.
         `trace`: build with -DAMK_TRACE and record per task the globaltimer (ns) at wait
-        start, wait met and op done; `trace()` returns the last step's [ntasks, 3] table."""
+        start, wait met and op done; `trace()` returns the last step's [ntasks, 3] table.
+        `specialize`: compile only the dtype code paths the program uses (a smaller kernel,
+        so fewer instruction-cache misses; one build per dtype combination) instead of the
+        generic kernel that runs any program."""
         if not _unsafe_skip_validation:
             _refuse_if_rejected(program, validation)
         if not torch.cuda.is_available():
@@ -324,7 +343,9 @@ class CudaVM:
             self._abort_ptr = rt.hostAlloc(64, rt.hostAllocMapped | rt.hostAllocPortable)
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
-            defines = {"AMK_TRACE": 1} if self.trace_enabled else {}
+            defines = dict(self.packed.defines) if specialize else {}
+            if self.trace_enabled:
+                defines["AMK_TRACE"] = 1
             if isinstance(vm_meta.get("gemv_unroll"), int):  # else the architecture's default
                 defines["AMK_GEMV_UNROLL"] = vm_meta["gemv_unroll"]
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
