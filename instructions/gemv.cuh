@@ -23,28 +23,11 @@
 #define AMK_GEMV_UNROLL_Q 2
 #endif
 
-// Weight steps in flight per warp on the asynchronous-copy path (vm/loader.py sets it from
-// the device's shared memory; 0 = the register path only). Each step is AMK_GEMV_UNROLL
-// 16-byte vectors per lane, so a block keeps STAGES x threads x UNROLL x 16 bytes in flight
-// (4 x 256 x 8 x 16 = 128 KB) where registers held 32 KB.
-#if !defined(AMK_GEMV_STAGES) || !AMK_HAS_ASYNC_COPY
-#undef AMK_GEMV_STAGES
-#define AMK_GEMV_STAGES 0
-#endif
-
-// 16-byte vectors per lane in one step's slot: U of one matrix or U/2 of each of a pair (2: U = 1 pairs)
-#define AMK_GEMV_SLOT_VECS (AMK_GEMV_UNROLL < 2 ? 2 : AMK_GEMV_UNROLL)
-
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
-
-// words of the asynchronous-copy stage area (16-byte aligned, after the other GEMV words;
-// vm/loader.py gemv_stage_words mirrors it)
-AMK_DEVICE long long amk_smem_gemv_stages() { return (long long)AMK_GEMV_STAGES * blockDim.x * AMK_GEMV_SLOT_VECS * 4; }
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  return amk_round4(amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE) +
-         amk_smem_gemv_stages();
+  return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE;
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -212,103 +195,11 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// The slab's rows through asynchronous copies: each warp walks its steps (a group of 32/L
-// rows x one part of U vectors per lane and matrix, the same layout as the register path)
-// with AMK_GEMV_STAGES - 1 steps' copies in flight ahead of the one it reduces. A lane reads
-// back only the shared-memory slots its own copies filled, so a wait_group (no barrier)
-// makes them visible. stage: this block's stage area (16-byte aligned).
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_async(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows,
-                                    int K, char* stage) {
-  using F = AmkWFmt<DT>;
-  constexpr int U = AmkGemvUnroll<DT, PAIR>::value, D = AMK_GEMV_STAGES > 1 ? AMK_GEMV_STAGES : 2, m = PAIR ? 2 : 1;
-  constexpr int SLOT = AMK_GEMV_SLOT_VECS * AMK_WARP_SIZE * 16;  // bytes of one step of one warp
-  const int nvec = K / F::VEC, L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L;
-  const int lane = amk_lane(), sub = lane % L, warp = amk_warp(), nw = amk_nwarps();
-  const int parts = (nvec + L * U - 1) / (L * U), groups = (rows + per_warp - 1) / per_warp;
-  const int steps = warp < groups ? (groups - warp + nw - 1) / nw * parts : 0;
-  char* mine = stage + (amk_i64)warp * D * SLOT;
-  const char* base1 = (const char*)w.wb->ptr + w.off * F::BITS / 8;
-  const char* base2 = PAIR ? (const char*)w2.wb->ptr + w2.off * F::BITS / 8 : nullptr;
-  auto row_of = [&](int st) { return (warp + st / parts * nw) * per_warp + lane / L; };
-  auto issue = [&](int st) {  // step st's copies into slot st % D; always one group per call
-    if (st < steps) {
-      const int r = row_of(st), v0 = st % parts * L * U + sub;
-      char* slot = mine + st % D * SLOT;
-      if (r < rows) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int v = v0 + u * L;
-          if (v < nvec) {
-            amk_cp_async16(slot + (u * AMK_WARP_SIZE + lane) * 16, base1 + ((amk_i64)r * w.stride * F::BITS / 8) + (amk_i64)v * 16);
-            if (PAIR)
-              amk_cp_async16(slot + ((U + u) * AMK_WARP_SIZE + lane) * 16,
-                             base2 + ((amk_i64)r * w2.stride * F::BITS / 8) + (amk_i64)v * 16);
-          }
-        }
-      }
-    }
-    amk_cp_async_commit();
-  };
-#pragma unroll 1
-  for (int st = 0; st < D - 1; ++st) issue(st);
-  float s1 = 0.0f, s2 = 0.0f;
-#pragma unroll 1
-  for (int st = 0; st < steps; ++st) {
-    issue(st + D - 1);
-    amk_cp_async_wait<D - 1>();  // step st has landed
-    const int r = row_of(st), part = st % parts, v0 = part * L * U + sub;
-    const char* slot = mine + st % D * SLOT;
-    if (r < rows) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * L;
-        if (v < nvec) {
-          const float* xv = xs + v * F::VEC;
-          const amk_u32x4 raw1 = amk_ld16(slot + (u * AMK_WARP_SIZE + lane) * 16);
-#pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1, j) * xv[j];
-          if (PAIR) {
-            const amk_u32x4 raw2 = amk_ld16(slot + ((U + u) * AMK_WARP_SIZE + lane) * 16);
-#pragma unroll
-            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2, j) * xv[j];
-          }
-        }
-      }
-    }
-    if (part == parts - 1) {  // the row group is complete: tail columns, reduce, store
-      if (r < rows) {
-        for (int col = nvec * F::VEC + sub; col < K; col += L) {
-          s1 += amk_w_at(w, r, col) * xs[col];
-          if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
-        }
-      }
-      for (int mk = L / 2; mk > 0; mk >>= 1) {
-        s1 += amk_shfl_xor(s1, mk);
-        if (PAIR) s2 += amk_shfl_xor(s2, mk);
-      }
-      if (sub == 0 && r < rows) {
-        acc[r * m] = s1;
-        if (PAIR) acc[r * m + 1] = s2;
-      }
-      s1 = s2 = 0.0f;
-    }
-  }
-  amk_cp_async_wait<0>();  // nothing left in flight when the stage area is reused
-}
-
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K,
-                              char* stage) {
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
   const bool vec = amk_gemv_vec_ok<DT>(w) && (!PAIR || amk_gemv_vec_ok<DT>(w2));
   constexpr int m = PAIR ? 2 : 1;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4;
-  if constexpr (AMK_GEMV_STAGES >= 2 && !Q) {  // float weights: asynchronous copies
-    if (vec) {
-      amk_gemv_rows_async<DT, PAIR>(w, w2, xs, acc, rows, K, stage);
-      return;
-    }
-  } else if (vec) {
+  if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
@@ -335,10 +226,9 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K,
-                                 char* stage) {
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, acc, rows, K, stage);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, acc, rows, K);
     return true;
   } else {
     return false;
@@ -346,14 +236,13 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 }
 
 template <bool PAIR>
-AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K,
-                                  char* stage) {
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K, stage);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K, stage);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K, stage);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K, stage);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K, stage);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K);
     default: return false;
   }
 }
@@ -366,7 +255,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   if (!xs) return;
   float* acc = xs + amk_round4(K);
   float* red = acc + amk_round4((long long)rows * m);
-  char* stage = (char*)(xs + amk_smem_gemv(t) - amk_smem_gemv_stages());
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
@@ -397,8 +285,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, acc, rows, K, stage);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, acc, rows, K, stage);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

@@ -23,20 +23,20 @@ from amk.vm.build import kernel_sources, source_dirs
 from amk.vm.loader import ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
-_LIBS: dict[tuple, ctypes.CDLL] = {}
+_LIB: Optional[ctypes.CDLL] = None
 
 
 def compiler() -> Optional[str]:
     return shutil.which("g++")
 
 
-def build(out_dir: Path, defines: Optional[dict] = None) -> ctypes.CDLL:
-    """Compile the emulated megakernel (once per source hash and defines) and load it."""
-    key = tuple(sorted((defines or {}).items()))
-    if key in _LIBS:
-        return _LIBS[key]
+def build(out_dir: Path) -> ctypes.CDLL:
+    """Compile the emulated megakernel (once per source hash) and load it."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
     main, headers = kernel_sources()
-    h = hashlib.sha256(main.encode() + repr(key).encode())
+    h = hashlib.sha256(main.encode())
     for name in sorted(headers):
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
@@ -46,14 +46,12 @@ def build(out_dir: Path, defines: Optional[dict] = None) -> ctypes.CDLL:
         vm_dir, ins_dir = source_dirs()
         cmd = [compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall",
                "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", f"-I{EMU_DIR}", f"-I{vm_dir}",
-               f"-I{ins_dir}", *[f"-D{k}={v}" for k, v in key], str(EMU_DIR / "emu_launch.cpp"), "-o", str(lib)]
+               f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"), "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
-    so = ctypes.CDLL(str(lib))
-    so.amk_emu_launch.restype = ctypes.c_int
-    so.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
-    so.amk_gemv_stages = int((defines or {}).get("AMK_GEMV_STAGES", 0))
-    _LIBS[key] = so
-    return so
+    _LIB = ctypes.CDLL(str(lib))
+    _LIB.amk_emu_launch.restype = ctypes.c_int
+    _LIB.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
+    return _LIB
 
 
 class EmuVM:
@@ -61,7 +59,6 @@ class EmuVM:
                  spin_timeout_s: float = 5.0, prefetch_depth: int = 1):
         self.program, self.lib = program, lib
         self.packed = PackedProgram(program)
-        self.packed.use_gemv_stages(lib.amk_gemv_stages)  # the launch sized as the library was built
         self.spin_timeout_s, self.prefetch_depth = spin_timeout_s, prefetch_depth
         self._by_name = {b.name: b for b in program.buffers}
         self.tensors: dict[str, torch.Tensor] = {}

@@ -54,30 +54,6 @@ def test_gemv(emu, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
-@pytest.fixture(scope="module")
-def emu_async(tmp_path_factory):
-    """The build whose float-weight GEMVs stream through cp.async stages (as on sm_80+); the
-    emulation defers each copy to the wait that needs it, so a read ahead of its wait fails."""
-    lib = build(tmp_path_factory.mktemp("emu_async"), {"AMK_GEMV_STAGES": 3})
-
-    def make(prog, tensors, **kw):
-        return EmuVM(prog, tensors, lib, **kw)
-
-    return make
-
-
-@pytest.mark.parametrize("name", list(GEMV_CASES))
-def test_gemv_async_copies(emu_async, name):
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 997)
-    run_both(emu_async, prog, t, [(tok, pos) for pos, tok in enumerate([2, 0])])
-
-
-@pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
-def test_gemv_async_copies_half_weights(emu_async, dtype):
-    run_both(emu_async, *cast_weights(*gemv_program(GEMV_CASES["long_k"], seed=5), {"w", "w2"}, dtype), [(2, 0)])
-    run_both(emu_async, *cast_weights(*gemv_program(GEMV_CASES["silu_mul"], seed=6), {"w", "w2"}, dtype), [(1, 0)])
-
-
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):

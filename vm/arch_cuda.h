@@ -79,21 +79,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// ---------------------------------------------------------------- asynchronous copies
-// 16 bytes global -> shared without a register in flight (cp.async, sm_80+, L2 only: weights
-// are read once). A thread's copies form groups (commit); wait<N> returns when at most N of
-// its groups are still pending, after which it sees the copied bytes.
-#define AMK_HAS_ASYNC_COPY 1
-AMK_DEVICE void amk_cp_async16(void* smem_dst, const void* src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-AMK_DEVICE void amk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-AMK_DEVICE void amk_cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }

@@ -73,17 +73,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// ---------------------------------------------------------------- asynchronous copies
-// Not used on AMD (AMK_HAS_ASYNC_COPY 0: the GEMV streams through registers); synchronous
-// stand-ins so that the shared code compiles.
-#define AMK_HAS_ASYNC_COPY 0
-AMK_DEVICE void amk_cp_async16(void* smem_dst, const void* src) {
-  *(amk_u32x4*)smem_dst = amk_ld16_weight(src);
-}
-AMK_DEVICE void amk_cp_async_commit() {}
-template <int N>
-AMK_DEVICE void amk_cp_async_wait() {}
-
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }

@@ -17,9 +17,6 @@ from pathlib import Path
 
 ARCHS = (80, 90, 120)
 DEFAULT_THREADS = 256
-# GEMV cp.async stages the loader picks on each arch's shared memory (A100/H100: 4; 99 KB
-# parts such as sm_86/89/120: 2): the variant that runs there is the one checked.
-ARCH_GEMV_STAGES = {80: 4, 90: 4, 120: 2}
 
 
 def nvcc_path() -> str | None:
@@ -35,7 +32,6 @@ def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS
 
     vm_dir, ins_dir = source_dirs()
     return [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}",
-            f"-DAMK_GEMV_STAGES={ARCH_GEMV_STAGES.get(arch, 2)}",
             "-Werror", "all-warnings", "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall,-Wextra",
             f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
 

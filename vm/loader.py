@@ -165,8 +165,8 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions."""
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
-    if op == Op.GEMV:  # without the stage area (gemv_stage_words), which PackedProgram adds
-        return r4(r4(p.k_hi - p.k_lo) + r4(p.rows * gemv_rows_width(p)) + WARP)
+    if op == Op.GEMV:
+        return r4(p.k_hi - p.k_lo) + r4(p.rows * gemv_rows_width(p)) + WARP
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -181,16 +181,6 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     if op == Op.ATTN_COMBINE:
         return 2 * p.splits * p.q_heads + p.q_heads
     return 0
-
-
-GEMV_SLOT_VECS = 8  # instructions/gemv.cuh AMK_GEMV_SLOT_VECS: 16-byte vectors per lane and step
-GEMV_MAX_STAGES = 4
-FLOAT_DTYPES = (DType.F32, DType.BF16, DType.F16)
-
-
-def gemv_stage_words(stages: int, threads: int) -> int:
-    """Words of a GEMV's asynchronous-copy stage area (amk_smem_gemv_stages)."""
-    return stages * threads * GEMV_SLOT_VECS * 4
 
 
 class PackedProgram:
@@ -213,7 +203,7 @@ class PackedProgram:
         self.producers = producers
 
         recs = np.zeros(len(program.tasks), dtype=TASK_DTYPE)
-        words = gemv_words = 0
+        words = 0
         gemv_wdtypes: set[DType] = set()
         for i, t in enumerate(program.tasks):
             rec = recs[i]
@@ -245,15 +235,9 @@ class PackedProgram:
                 c = self.counter_index[w.counter]
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
-            if p.op == Op.GEMV:
-                gemv_words = max(gemv_words, smem_words(p, threads, program.kv_capacity))
-            else:
-                words = max(words, smem_words(p, threads, program.kv_capacity))
+            words = max(words, smem_words(p, threads, program.kv_capacity))
         self.tasks = recs
-        self._words, self._gemv_words = words, gemv_words
-        self.streams_float_weights = any(d in FLOAT_DTYPES for d in gemv_wdtypes)
-        self.gemv_stages = 0
-        self.smem_bytes = 4 * max(words, gemv_words)
+        self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
@@ -261,28 +245,6 @@ class PackedProgram:
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
-
-    def smem_bytes_with(self, gemv_stages: int) -> int:
-        """The launch's dynamic shared memory when float-weight GEMVs stream through
-        `gemv_stages` asynchronous-copy stages (0: registers only)."""
-        gemv = self._gemv_words + gemv_stage_words(gemv_stages, self.program.threads_per_block) if self._gemv_words else 0
-        return 4 * max(self._words, gemv)
-
-    def use_gemv_stages(self, stages: int) -> None:
-        """Size the launch for `stages` (the build's AMK_GEMV_STAGES)."""
-        self.gemv_stages = stages
-        self.smem_bytes = self.smem_bytes_with(stages)
-        self.defines["AMK_GEMV_STAGES"] = stages
-
-    def choose_gemv_stages(self, smem_budget: int) -> int:
-        """The deepest pipeline (<= GEMV_MAX_STAGES, >= 2, else 0) whose launch fits
-        `smem_budget` bytes; 0 when no GEMV streams float weights."""
-        if not self.streams_float_weights:
-            return 0
-        for stages in range(GEMV_MAX_STAGES, 1, -1):
-            if self.smem_bytes_with(stages) <= smem_budget:
-                return stages
-        return 0
 
     def _operand(self, dst: np.ndarray, o) -> None:
         dst["off"], dst["stride"], dst["len"], dst["count"] = o.off, o.stride, o.len, o.count
@@ -316,9 +278,6 @@ def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]
 
 def _bytes_to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8).copy()).to(device)
-
-
-STATIC_SMEM_RESERVE = 4096  # bytes kept for the kernel's static shared variables (~1.2 KB today)
 
 
 class CudaVM:
@@ -384,9 +343,7 @@ class CudaVM:
             self._abort_ptr = rt.hostAlloc(64, rt.hostAllocMapped | rt.hostAllocPortable)
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
-            if not build.is_hip():  # AMD keeps the register path (no cp.async)
-                self.packed.use_gemv_stages(self.packed.choose_gemv_stages(self._smem_budget(rt)))
-            defines = dict(self.packed.defines) if specialize else {"AMK_GEMV_STAGES": self.packed.gemv_stages}
+            defines = dict(self.packed.defines) if specialize else {}
             if self.trace_enabled:
                 defines["AMK_TRACE"] = 1
             if isinstance(vm_meta.get("gemv_unroll"), int):  # else the architecture's default
@@ -422,14 +379,6 @@ class CudaVM:
     def _io_input(self, name: str) -> Optional[torch.Tensor]:
         b = self._by_name.get(name)
         return self.tensors[name] if b is not None and b.kind == BufferKind.IO_INPUT else None
-
-    def _smem_budget(self, rt) -> int:
-        """Dynamic shared memory one block may use: the per-block opt-in limit and the SM's
-        share per co-resident block, less a reserve for the kernel's static variables."""
-        idx = self.device.index
-        optin = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, idx)
-        per_sm = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerMultiprocessor", 81), idx)
-        return min(optin, per_sm // max(self.program.blocks_per_cu, 1) - 1024) - STATIC_SMEM_RESERVE
 
     def _check_launchable(self, rt) -> None:
         from cupy_backends.cuda.api import driver

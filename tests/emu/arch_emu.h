@@ -109,30 +109,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   memcpy(&r, p, 16);
   return r;
 }
-// cp.async: each copy is deferred until a wait requires its group, so a kernel that reads a
-// slot before waiting for it reads stale bytes (and fails the tests) as it could on the GPU.
-#define AMK_HAS_ASYNC_COPY 1
-struct AmkEmuCopy {
-  void* dst;
-  const void* src;
-};
-inline thread_local std::vector<std::vector<AmkEmuCopy>> amk_emu_copy_groups;
-inline thread_local std::vector<AmkEmuCopy> amk_emu_copy_open;
-AMK_DEVICE void amk_cp_async16(void* smem_dst, const void* src) {
-  if (((uintptr_t)src) % 16 || ((uintptr_t)smem_dst) % 16) __builtin_trap();
-  amk_emu_copy_open.push_back({smem_dst, src});
-}
-AMK_DEVICE void amk_cp_async_commit() {
-  amk_emu_copy_groups.push_back(std::move(amk_emu_copy_open));
-  amk_emu_copy_open.clear();
-}
-template <int N>
-AMK_DEVICE void amk_cp_async_wait() {
-  while ((int)amk_emu_copy_groups.size() > N) {
-    for (const AmkEmuCopy& c : amk_emu_copy_groups.front()) memcpy(c.dst, c.src, 16);
-    amk_emu_copy_groups.erase(amk_emu_copy_groups.begin());
-  }
-}
 AMK_DEVICE float __uint_as_float(unsigned u) {
   float f;
   memcpy(&f, &u, 4);
