@@ -25,7 +25,10 @@ def render(doc: dict) -> str:
         v = t.get("megakernel", {})
         mk = {"median": v.get("median_us", float("nan")), "p10": v.get("p10_us", float("nan")), "p90": v.get("p90_us", float("nan"))}
         sp = r.get("speedup", {}).get(r.get("faster_baseline", ""), {})
-        lines.append(f"| {r['model']}{' (shape)' if r.get('shape_only') else ''} | {r['dtype']} | {r['ctx']} | "
+        what = " (shape)" if r.get("shape_only") else " (checkpoint)" if r.get("weights") == "checkpoint" else ""
+        if r.get("quant", "none") != "none":
+            what += f" {r['quant']}"
+        lines.append(f"| {r['model']}{what} | {r['dtype']} | {r['ctx']} | "
                      f"{r['floor_us']:.1f} | {mk.get('median', float('nan')):.1f} ({mk.get('p10', float('nan')):.0f}-"
                      f"{mk.get('p90', float('nan')):.0f}) | {r['megakernel_pct_of_floor']:.1f}% | {med('cuda_graph')} | "
                      f"{med('torch_compile')} | {med('hf_eager')} | {sp.get('median', float('nan')):.2f}x |")
