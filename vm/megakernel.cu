@@ -28,16 +28,15 @@
 // target (120 of 132 producers outstanding) is polled rarely, so ~131 pollers do not congest
 // its L2 slice (a flat 256 ns made the step 4.5x slower), and one a signal or two short of it
 // is polled often, so the hop after the last signal stays short (a doubling back-off capped at
-// 4096 ns cost 4-8 us per hop: the pollers slept through the signal). Traced on the H100
-// (Llama-3.2-1B shape, ctx 1024): 32 ns per missing signal 1798 us, 128 ns 1884 us, 512 ns 1992 us.
+// 4096 ns cost 4-8 us per hop: the pollers slept through the signal).
 #ifndef AMK_SPIN_MAX_NS
 #define AMK_SPIN_MAX_NS 4096
 #endif
 #ifndef AMK_SPIN_MIN_NS
-#define AMK_SPIN_MIN_NS 32
+#define AMK_SPIN_MIN_NS 64
 #endif
 #ifndef AMK_SPIN_NS_PER_SIGNAL
-#define AMK_SPIN_NS_PER_SIGNAL 32
+#define AMK_SPIN_NS_PER_SIGNAL 128
 #endif
 #ifndef AMK_PREFETCH_MAX_LINES
 #define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
