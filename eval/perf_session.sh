@@ -3,7 +3,9 @@
 # trace, then gated `amk bench` runs of the Llama-3.2-1B shape for the default config and
 # any config files named in AMK_PERF_CONFIGS (each row correctness-gated, as always).
 #
-#   device run:  bash eval/perf_session.sh     carry: [".whl"]   timeout_s: 590
+#   device run:  AMK_GIT_COMMIT=<git rev-parse HEAD here> bash eval/perf_session.sh
+#                carry: [".whl"]   timeout_s: 590
+#   (the device copy has no .git history of its own: without AMK_GIT_COMMIT the rows say "unknown")
 #
 # Knobs: AMK_PERF_STEPS (what to run, default "tests trace bench"), AMK_TRACE_SHAPES (shapes to trace,
 # default llama-3.2-1b), AMK_PERF_CONFIGS (space-
