@@ -30,9 +30,11 @@ def task_kind(t) -> str:
 def analyse(program, tr: np.ndarray) -> dict:
     tasks = program.tasks
     index = {t.id: i for i, t in enumerate(tasks)}
-    t0 = int(tr[:, 0].min())
-    tr = tr.astype(np.int64) - t0
+    raw = tr.astype(np.int64)
+    t0 = int(raw[:, 0].min())
+    tr = raw - t0
     ws, wm, dn = tr[:, 0], tr[:, 1], tr[:, 2]
+    marks = [np.where(raw[:, c] > 0, tr[:, c], -1) for c in range(3, raw.shape[1])]  # -1: not marked
     producers = defaultdict(list)
     for i, t in enumerate(tasks):
         producers[t.out_counter].append(i)
@@ -59,6 +61,23 @@ def analyse(program, tr: np.ndarray) -> dict:
             d["gap_sum_us"] += (ws[i] - dn[prev[i]]) / 1e3
         else:
             d["gap_sum_us"] += ws[i] / 1e3
+    # in-op phases (the ops' trace marks): wait met -> mark 0 -> mark 1 -> ... -> op done
+    phases = defaultdict(lambda: defaultdict(float))
+    for i, t in enumerate(tasks):
+        prev_t, segs = wm[i], []
+        for m in marks:
+            if m[i] < prev_t:
+                break
+            segs.append(m[i] - prev_t)
+            prev_t = m[i]
+        if not segs:
+            continue
+        segs.append(dn[i] - prev_t)
+        d = phases[task_kind(t)]
+        d["n"] += 1
+        for k, v in enumerate(segs):
+            d[f"phase{k}_us"] += v / 1e3
+    phases = {k: {n: (v / d["n"] if n != "n" else v) for n, v in d.items()} for k, d in phases.items()}
     # critical path: from the last finisher, step to whichever finished last among the
     # queue predecessor and the producers of the awaited counters
     cur = int(np.argmax(dn))
@@ -87,7 +106,7 @@ def analyse(program, tr: np.ndarray) -> dict:
         cp_rows.append({"task": tasks[i].id, "kind": k, "queue": qpos[i][0], "qpos": qpos[i][1],
                         "ws_us": ws[i] / 1e3, "wm_us": wm[i] / 1e3, "done_us": dn[i] / 1e3})
     return {"step_us": float(dn.max() / 1e3), "ntasks": len(tasks), "nqueues": len(program.queues),
-            "per_kind": {k: dict(v) for k, v in per.items()},
+            "per_kind": {k: dict(v) for k, v in per.items()}, "phases": phases,
             "critical_path": {"len": len(path), "by_kind": {k: dict(v) for k, v in cp.items()}, "rows": cp_rows},
             "queue_busy_us": {"op_total": float((dn - wm).sum() / 1e3), "wait_total": float((wm - ws).sum() / 1e3)}}
 
@@ -144,6 +163,11 @@ def main() -> None:
     for k, v in sorted(r["per_kind"].items(), key=lambda kv: -kv[1]["op_sum_us"]):
         print(f"{k[:44]:44s} {v['n']:5d} {v['op_sum_us']:9.0f} {v['op_sum_us'] / v['n']:8.1f} {v['op_max_us']:8.1f} "
               f"{v['wait_sum_us']:9.0f} {v['gap_sum_us']:9.0f}")
+    print("\nin-op phases, mean us (GEMV: prologue | rows | epilogue+signal; attention partial: q+pos | "
+          "scores | P.V | store+signal; combine: (m,l) | weights | outputs+signal):")
+    for k, v in sorted(r["phases"].items(), key=lambda kv: kv[0]):
+        segs = " | ".join(f"{v[f'phase{j}_us']:6.2f}" for j in range(4) if f"phase{j}_us" in v)
+        print(f"  {k[:44]:44s} n={int(v['n']):5d}  {segs}")
     cp = r["critical_path"]
     print(f"\ncritical path: {cp['len']} tasks")
     print(f"{'kind':44s} {'n':>5s} {'op_us':>9s} {'hop_us':>9s}")

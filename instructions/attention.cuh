@@ -222,7 +222,7 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
   }
 }
 
-AMK_DEVICE void amk_attn_partial_rows(const AmkKvRows& K, const AmkKvRows& V, const float* qs, float* o, float* mh,
+AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs, float* o, float* mh,
                                       float* lh, int* mkey, float* wpart, float* cache, int cap, int j0, int j1,
                                       int qh, float scale, int qdt) {
   // pass 1: scores, the maximum per head, the first cap scores cached
@@ -230,6 +230,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkKvRows& K, const AmkKvRows& V, co
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
   amk_syncthreads();
+  amk_trace_mark(c, 1);  // scores and maxima done
 
   // pass 2: tiles of cap rows
   const int nw = amk_nwarps(), warp = amk_warp(), lane = amk_lane();
@@ -334,9 +335,11 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype);
     return;
   }
-  amk_attn_partial_rows(amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap, j0,
-                        j1, qh, scale, qb.dtype);
+  amk_trace_mark(c, 0);  // q staged, pos read
+  amk_attn_partial_rows(c, amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap,
+                        j0, j1, qh, scale, qb.dtype);
   amk_syncthreads();
+  amk_trace_mark(c, 2);  // P.V done
 
   const AmkOperand &oo = t.out[0], &ml = t.out[1];
   const AmkBuffer &ob = amk_buf(c, oo), &mb = amk_buf(c, ml);
@@ -370,6 +373,7 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
     ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
   }
   amk_syncthreads();
+  amk_trace_mark(c, 0);  // (m, l) staged
   for (int h = amk_warp(); h < qh; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
     float mx = amk_neg_inf();
     for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * qh + h]);
@@ -384,6 +388,7 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
     if (amk_lane() == 0) den[h] = d;
   }
   amk_syncthreads();
+  amk_trace_mark(c, 1);  // weights and denominators done
   constexpr int U = 16;  // partial outputs loaded before the first is used (then summed in split order)
   for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
     const int h = i / hd;

@@ -27,7 +27,20 @@ struct AmkCtx {
   int smem_words;  // its size in 4-byte words
   int* status;     // device status block (AmkStatusIndex)
   int queue;
+  unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
 };
+
+// Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to
+// AMK_TRACE_MARKS phase marks an op records inside itself (0 = not reached / not marked).
+#define AMK_TRACE_COLS 6
+#define AMK_TRACE_MARKS 3
+#ifdef AMK_TRACE
+AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
+  if (threadIdx.x == 0) c.trace_row[3 + k] = amk_timer_ns();
+}
+#else
+AMK_DEVICE void amk_trace_mark(const AmkCtx&, int) {}
+#endif
 
 // Report an error (first one wins) from any thread; the host raises it after the step.
 AMK_DEVICE void amk_report(const AmkCtx& c, int code, long long d1 = 0, long long d2 = 0, long long d3 = 0) {

@@ -277,6 +277,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float gv) { xs[i] = amk_rms_apply(xs[i], inv, gv, xb.dtype); });
   }
   amk_syncthreads();
+  amk_trace_mark(c, 0);  // prologue done
 
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
@@ -292,6 +293,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   amk_syncthreads();
+  amk_trace_mark(c, 1);  // rows done
 
   if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
     const AmkOperand& y = t.out[0];

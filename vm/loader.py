@@ -280,6 +280,9 @@ def _bytes_to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8).copy()).to(device)
 
 
+TRACE_COLS = 6  # instructions/common.cuh AMK_TRACE_COLS
+
+
 class CudaVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], device: str | torch.device = "cuda", *,
                  validation: Optional[ValidationResult] = None, timeout_s: float = 10.0,
@@ -294,7 +297,9 @@ class CudaVM:
         program's meta['vm']['prefetch_depth'], else 1). `poison_each_step`: fill
         activations/scratch/outputs with NaN before every step, as the ReferenceVM does.
         `trace`: build with -DAMK_TRACE and record per task the globaltimer (ns) at wait
-        start, wait met and op done; `trace()` returns the last step's [ntasks, 3] table.
+        start, wait met and op done, then up to 3 phase marks inside the op (GEMV: prologue
+        done, rows done; attention partial: q staged, scores done, P.V done; combine: (m, l)
+        staged, weights done; 0 = none); `trace()` returns the last step's [ntasks, 6] table.
         `specialize`: compile only the dtype code paths the program uses (a smaller kernel,
         so fewer instruction-cache misses; one build per dtype combination) instead of the
         generic kernel that runs any program."""
@@ -334,7 +339,7 @@ class CudaVM:
         self._status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=dev)
         self._status_host = torch.zeros(STATUS_WORDS, dtype=torch.int32, pin_memory=True)
         self.epoch = 1
-        self._trace = (torch.zeros((max(len(program.tasks), 1), 3), dtype=torch.int64, device=dev)
+        self._trace = (torch.zeros((max(len(program.tasks), 1), TRACE_COLS), dtype=torch.int64, device=dev)
                        if self.trace_enabled else None)
 
         with cupy.cuda.Device(dev.index):
@@ -472,8 +477,8 @@ class CudaVM:
         return ev
 
     def trace(self) -> torch.Tensor:
-        """[ntasks, 3] int64 globaltimer ns of the last traced step (task id order): wait
-        start, wait met, op done. Needs CudaVM(..., trace=True)."""
+        """[ntasks, 6] int64 globaltimer ns of the last traced step (task id order): wait
+        start, wait met, op done, phase marks (0 = none). Needs CudaVM(..., trace=True)."""
         if self._trace is None:
             raise VMRefused("tracing is off: construct CudaVM(..., trace=True)")
         torch.cuda.synchronize(self.device)

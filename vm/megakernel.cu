@@ -117,7 +117,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                unsigned* counters, int* status, const int* host_abort, unsigned epoch,
                unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth
 #ifdef AMK_TRACE
-               , unsigned long long* trace  // [ntasks, 3]: wait start, wait met, op done (globaltimer ns)
+               , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS]: wait start, wait met, op done, marks (ns)
 #endif
                ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
@@ -133,6 +133,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.smem_words = smem_bytes / 4;
   c.status = status;
   c.queue = blockIdx.x;
+  c.trace_row = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
@@ -156,7 +157,8 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     // when the wait is over: a prefetch that ran to completion before a short wait delayed
     // the op by the time it took to issue (6 us per 508 KB gate/up slab).
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 0] = amk_timer_ns();
+    c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
+    if (threadIdx.x == 0) c.trace_row[0] = amk_timer_ns();
 #endif
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
@@ -168,7 +170,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                           &s_waiting);
     }
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 1] = amk_timer_ns();
+    if (threadIdx.x == 0) trace[(long long)AMK_TRACE_COLS * queue_tasks[qi] + 1] = amk_timer_ns();
 #endif
     amk_syncthreads();
     if (!s_go) break;
@@ -177,7 +179,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     amk_syncthreads();
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) trace[3ll * queue_tasks[qi] + 2] = amk_timer_ns();
+    if (threadIdx.x == 0) trace[(long long)AMK_TRACE_COLS * queue_tasks[qi] + 2] = amk_timer_ns();
 #endif
   }
 }
