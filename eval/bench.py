@@ -634,6 +634,7 @@ def run_bench(o: BenchOptions, log=print) -> dict:
         "correctness": gate,
         "baseline_weights": base_w_note, "baseline_errors": baseline_errors, "skipped": optional_engines(),
         "program": {k: stats[k] for k in ("tasks", "queues", "counters", "max_hops_per_layer", "streamed_bytes")},
+        "device_memory": runners[0].vm.device_memory() if hasattr(runners[0].vm, "device_memory") else None,
         "method": {"rounds": o.steps, "warmup_rounds": o.warmup, "check_steps": o.check_steps, "kv_prefix": o.prefix,
                    "kv_capacity": o.kv_capacity(), "positions": [positions[g + o.warmup], positions[-1]],
                    "timer": "cuda events, stream held by a spin kernel during enqueue" if cuda else "perf_counter",
@@ -673,6 +674,10 @@ def format_table(row: dict) -> str:
                      f" {v['pct_of_floor']:>7.1f}% {sp_s:>8}")
     lines.append(f"speedup = baseline / megakernel, median over interleaved rounds; vs the faster baseline "
                  f"({row['faster_baseline']}): {row['speedup_vs_faster_baseline']:.2f}x")
+    m = row.get("device_memory")
+    if m:
+        lines.append(f"megakernel device memory: weights {m['weights'] / 1e9:.3f} GB + KV {m['kv'] / 1e9:.3f} GB + "
+                     f"other {m['other'] / 1e6:.1f} MB ({m['overhead_pct']:.2f} % over weights + KV)")
     if row.get("baseline_errors"):
         lines.append("baseline errors: " + "; ".join(f"{k}: {v}" for k, v in row["baseline_errors"].items()))
     return "\n".join(lines)

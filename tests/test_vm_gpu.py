@@ -143,6 +143,22 @@ def test_specialized_build_is_the_same():
     assert special.generate(PROMPT[:4], 5) == generic.generate(PROMPT[:4], 5)
 
 
+def test_device_memory_accounts_for_every_buffer():
+    """weights + kv + other cover every buffer of the program once, and the overhead is the
+    non-weight, non-KV share."""
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16")
+    vm = cuda_vm(prog, t)
+    m = vm.device_memory()
+    from amk.schedule.ir import IMMUTABLE_KINDS, BufferKind
+
+    weights = sum(vm.tensors[b.name].untyped_storage().nbytes() for b in prog.buffers if b.kind in IMMUTABLE_KINDS)
+    kv = sum(vm.tensors[b.name].untyped_storage().nbytes() for b in prog.buffers if b.kind == BufferKind.KV_CACHE)
+    assert m["weights"] <= weights and m["weights"] > 0  # <=: storages shared between buffers count once
+    assert m["kv"] == kv > 0
+    assert m["other"] > 0
+    assert abs(m["overhead_pct"] - 100 * m["other"] / (m["weights"] + m["kv"])) < 1e-9
+
+
 # ----------------------------------------------------------------------------- step protocol
 def test_many_steps_epochs_and_reset():
     """Counters are never reset between steps (epoch thresholds): 200 launches stay right."""

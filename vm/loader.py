@@ -476,6 +476,33 @@ class CudaVM:
         ev.record(stream)
         return ev
 
+    def device_memory(self) -> dict:
+        """Bytes of device memory this VM holds, by what they are: 'weights' (WEIGHT and CONST
+        buffers, including storage shared with the caller's tensors), 'kv' (KV caches),
+        'other' (activations, scratch, IO buffers, the packed tables, counters, status,
+        trace), and other / (weights + kv) as 'overhead_pct'. The CUDA context and the loaded
+        module are not counted."""
+        seen: set[int] = set()
+        total = {"weights": 0, "kv": 0, "other": 0}
+
+        def add(kind: str, t: Optional[torch.Tensor]) -> None:
+            if t is None:
+                return
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in seen:
+                return
+            seen.add(ptr)
+            total[kind] += t.untyped_storage().nbytes()
+
+        for b in self.program.buffers:
+            kind = "weights" if b.kind in IMMUTABLE_KINDS else "kv" if b.kind == BufferKind.KV_CACHE else "other"
+            add(kind, self.tensors[b.name])
+        for t in (self._tasks, self._queue_start, self._queue_tasks, self._buffer_table, self._counters, self._status,
+                  self._trace):
+            add("other", t)
+        base = total["weights"] + total["kv"]
+        return dict(total, overhead_pct=100.0 * total["other"] / base if base else 0.0)
+
     def trace(self) -> torch.Tensor:
         """[ntasks, 6] int64 globaltimer ns of the last traced step (task id order): wait
         start, wait met, op done, phase marks (0 = none). Needs CudaVM(..., trace=True)."""
