@@ -389,20 +389,11 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  constexpr int U = 16;  // partial outputs loaded before the first is used (then summed in split order)
-  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {
+  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {  // splits summed in order, loads batched
     const int h = i / hd;
-    float num = 0.0f;
-#pragma unroll 1
-    for (int s0 = 0; s0 < splits; s0 += U) {
-      float ov[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (s0 + u < splits) ov[u] = amk_load(pb, amk_flat(po, (amk_i64)(s0 + u) * qh * hd + i));
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (s0 + u < splits) num = amk_add(num, amk_mul(wm[(s0 + u) * qh + h], ov[u]));
-    }
+    const float num = amk_ordered_sum<16>(
+        splits, [&](int s) { return amk_load(pb, amk_flat(po, (amk_i64)s * qh * hd + i)); },
+        [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
     amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
   }
 }

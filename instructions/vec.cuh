@@ -123,3 +123,25 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
       if (i0 + u * T < n) f(i0 + u * T, v[u]);
   }
 }
+
+// sum over k = 0 .. n-1 of term(k, load(k)), added in order k = 0, 1, ... (the first term as
+// it is), the loads issued in batches of U before their first use: the split-K REDUCE and the
+// attention combine sum their splits this way, in the reference's order.
+template <int U, class Load, class Term>
+AMK_DEVICE float amk_ordered_sum(int n, Load load, Term term) {
+  float s = 0.0f;
+#pragma unroll 1
+  for (int k0 = 0; k0 < n; k0 += U) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (k0 + u < n) v[u] = load(k0 + u);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (k0 + u < n) {
+        const float x = term(k0 + u, v[u]);
+        s = k0 + u == 0 ? x : amk_add(s, x);
+      }
+  }
+  return s;
+}
