@@ -38,7 +38,7 @@ for step in $STEPS; do
         log "trace step ($shape, ctx $CTX)"
         mkdir -p "$OUT/$shape"
         timeout -k 5 200 python3 -m amk.eval.trace_step --shape "$shape" --ctx "$CTX" --out "$OUT/$shape" 2>&1 \
-          | sed -n '1,40p' | tee -a "$LOG"
+          | sed -n '1,60p' | tee -a "$LOG"
       done
       ;;
     bench)
