@@ -222,9 +222,9 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
   }
 }
 
-AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs, float* o, float* mh,
-                                      float* lh, int* mkey, float* wpart, float* cache, int cap, int j0, int j1,
-                                      int qh, float scale, int qdt) {
+AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
+                                      float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
+                                      int j0, int j1, int qh, float scale, int qdt) {
   // pass 1: scores, the maximum per head, the first cap scores cached
   amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
@@ -275,24 +275,18 @@ AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, 
   const int rp = t->role[AMK_ROLE_POS], rk = t->role[AMK_ROLE_K], rv = t->role[AMK_ROLE_V];
   if (rp < 0 || rk < 0 || rv < 0) return;
   const AmkOperand& po = t->in[rp];
-  const AmkBuffer& pb = bufs[po.buf];
-  if (pb.dtype != AMK_DTYPE_I32) return;
-  const int pos = ((const int*)pb.ptr)[amk_flat(po, 0)];
+  const int pos = amk_load_int(bufs[po.buf], amk_flat(po, 0));
   int j0, j1;
   amk_attn_split_rows(pos, t->ip[AMK_P_ATTN_SPLITS], t->ip[AMK_P_ATTN_SPLIT], t->ip[AMK_P_ATTN_BLOCK], j0, j1);
-  const amk_i64 hd = t->ip[AMK_P_ATTN_HEAD_DIM];
-  for (int kv = 0; kv < 2; ++kv) {
+  long long budget = 1ll << 62;
+  for (int kv = 0; kv < 2; ++kv) {  // K then V rows j0 .. j1-1: runs of head_dim elements, one cache row apart
     const AmkOperand& o = t->in[kv == 0 ? rk : rv];
     const AmkBuffer& b = bufs[o.buf];
     if (pos < 0 || pos >= b.rows) return;
-    const int bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
-    const amk_i64 row_bytes = hd * bytes, lines = (row_bytes + 127) / 128 + 1;  // +1: a row may straddle
-    for (amk_i64 i = tid; i < (amk_i64)(j1 - j0) * lines; i += nthr) {
-      if (*keep_going == 0) return;
-      const amk_i64 j = j0 + i / lines, first = (j * b.width + o.off) * bytes;
-      const amk_i64 byte = (first & ~127ll) + (i % lines) * 128;
-      if (byte < first + row_bytes) amk_prefetch_l2((const char*)b.ptr + byte);
-    }
+    const long long bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
+    if (!amk_prefetch_runs((const char*)b.ptr, ((long long)j0 * b.width + o.off) * bytes, b.width * bytes,
+                           t->ip[AMK_P_ATTN_HEAD_DIM] * bytes, j1 - j0, tid, nthr, budget, keep_going))
+      return;
   }
 }
 
@@ -352,8 +346,8 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
 // The (m, l) pairs of every split are staged once with parallel loads; the weights and the
-// denominator per head follow in shared memory (a warp per head, a fixed reduction tree); each output element then sums its splits
-// with independent loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
+// denominator per head follow in shared memory (a warp per head, a fixed reduction tree);
+// each output element then sums its splits with batched loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
   const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
   return 2 * splits * qh + qh;

@@ -30,10 +30,9 @@ struct AmkCtx {
   unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
 };
 
-// Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to
-// AMK_TRACE_MARKS phase marks an op records inside itself (0 = not reached / not marked).
+// Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to three
+// phase marks an op records inside itself (0 = not reached / not marked).
 #define AMK_TRACE_COLS 6
-#define AMK_TRACE_MARKS 3
 #ifdef AMK_TRACE
 AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
   if (threadIdx.x == 0) c.trace_row[3 + k] = amk_timer_ns();
@@ -111,6 +110,25 @@ AMK_DEVICE int amk_load_int(const AmkBuffer& b, amk_i64 i) {
 AMK_DEVICE void amk_store_int(const AmkBuffer& b, amk_i64 i, int v) {
   if (b.dtype == AMK_DTYPE_I32) ((int*)b.ptr)[i] = v;
   else amk_store(b, i, (float)v);
+}
+
+// ---------------------------------------------------------------- L2 prefetch hints
+// Hint the L2 to fetch `runs` runs of run_bytes bytes, run r at base + first_byte + r *
+// stride_bytes: their 128-byte lines spread over threads tid < nthr, at most `budget` line
+// slots (decremented). Returns false, having stopped, once *keep_going drops to 0 (the wait
+// the prefetch overlaps is over). Hints only: they never change what a later load returns.
+AMK_DEVICE bool amk_prefetch_runs(const char* base, long long first_byte, long long stride_bytes, long long run_bytes,
+                                  long long runs, int tid, int nthr, long long& budget, const volatile int* keep_going) {
+  const long long lines = (run_bytes + 127) / 128 + 1;  // per run: it may straddle one more line
+  const long long total = runs * lines < budget ? runs * lines : budget;
+  for (long long i = tid; i < total; i += nthr) {
+    if (*keep_going == 0) return false;
+    const long long r = i / lines, first = first_byte + r * stride_bytes;
+    const long long byte = (first & ~127ll) + (i - r * lines) * 128;
+    if (byte < first + run_bytes) amk_prefetch_l2(base + byte);
+  }
+  budget -= total;
+  return true;
 }
 
 // ---------------------------------------------------------------- addressing

@@ -20,6 +20,10 @@ ProgramDType = Literal["float32", "bfloat16", "float16"]
 SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 
+# Fields that take 'auto' or an int in 1..max.
+_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "kv_splits": MAX_KV_SPLITS}
+
+
 class ScheduleConfig(BaseModel):
     """How one decode step of a model is lowered onto a persistent megakernel."""
 
@@ -152,25 +156,12 @@ class ScheduleConfig(BaseModel):
     )
 
     # --------------------------------------------------------------- checks
-    @field_validator("gemv_tasks_per_matrix")
+    @field_validator(*_AUTO_INT_MAX)
     @classmethod
-    def _slabs(cls, v):
-        if v != "auto" and not 1 <= v <= 4096:
-            raise ValueError("gemv_tasks_per_matrix must be 'auto' or in 1..4096")
-        return v
-
-    @field_validator("gemv_unroll")
-    @classmethod
-    def _gemv_unroll(cls, v):
-        if v != "auto" and not 1 <= v <= 8:
-            raise ValueError("gemv_unroll must be 'auto' or in 1..8")
-        return v
-
-    @field_validator("kv_splits")
-    @classmethod
-    def _kv_splits(cls, v):
-        if v != "auto" and not 1 <= v <= MAX_KV_SPLITS:
-            raise ValueError(f"kv_splits must be 'auto' or in 1..{MAX_KV_SPLITS}")
+    def _auto_or_in_range(cls, v, info):
+        hi = _AUTO_INT_MAX[info.field_name]
+        if v != "auto" and not 1 <= v <= hi:
+            raise ValueError(f"{info.field_name} must be 'auto' or in 1..{hi}")
         return v
 
     @field_validator("kv_block")

@@ -109,11 +109,5 @@ AMK_DEVICE float amk_add(float a, float b) { return __fadd_rn(a, b); }
 AMK_DEVICE float amk_sub(float a, float b) { return __fsub_rn(a, b); }
 AMK_DEVICE float amk_div(float a, float b) { return __fdiv_rn(a, b); }
 AMK_DEVICE float amk_rsqrt(float a) { return __fdiv_rn(1.0f, __fsqrt_rn(a)); }
-AMK_DEVICE float amk_exp(float a) { return expf(a); }
-AMK_DEVICE float amk_cos(float a) { return cosf(a); }
-AMK_DEVICE float amk_sin(float a) { return sinf(a); }
-AMK_DEVICE bool amk_isnan(float a) { return a != a; }
-AMK_DEVICE float amk_neg_inf() { return __int_as_float(0xff800000); }
-AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
 
 AMK_DEVICE void amk_syncwarp() { __syncwarp(); }

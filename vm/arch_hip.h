@@ -97,12 +97,6 @@ AMK_DEVICE float amk_add(float a, float b) { AMK_NO_CONTRACT return a + b; }
 AMK_DEVICE float amk_sub(float a, float b) { AMK_NO_CONTRACT return a - b; }
 AMK_DEVICE float amk_div(float a, float b) { AMK_NO_CONTRACT return a / b; }
 AMK_DEVICE float amk_rsqrt(float a) { AMK_NO_CONTRACT return 1.0f / sqrtf(a); }
-AMK_DEVICE float amk_exp(float a) { return expf(a); }
-AMK_DEVICE float amk_cos(float a) { return cosf(a); }
-AMK_DEVICE float amk_sin(float a) { return sinf(a); }
-AMK_DEVICE bool amk_isnan(float a) { return a != a; }
-AMK_DEVICE float amk_neg_inf() { return __int_as_float(0xff800000); }
-AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
 
 // ---------------------------------------------------------------- chiplets
 #if defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__)

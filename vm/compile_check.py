@@ -49,16 +49,21 @@ def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS) -> tuple[bool, str]:
     return not bad, f"$ {' '.join(cmd)}\n{output}"
 
 
-def main(argv: list[str]) -> int:
-    archs = [int(a.removeprefix("sm_")) for a in argv] or list(ARCHS)
+def report(results) -> int:
+    """Print `label: ok` / `label: FAILED` and the failure's output for each (label, ok, output);
+    the exit status: 1 if any failed. Shared with vm/hip_compile_check.py."""
     failed = 0
-    for arch in archs:
-        ok, out = nvcc_compile(arch)
-        print(f"sm_{arch}: {'ok' if ok else 'FAILED'}")
+    for label, ok, out in results:
+        print(f"{label}: {'ok' if ok else 'FAILED'}")
         if not ok:
             failed += 1
             print(out)
     return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    archs = [int(a.removeprefix("sm_")) for a in argv] or list(ARCHS)
+    return report((f"sm_{arch}", *nvcc_compile(arch)) for arch in archs)
 
 
 if __name__ == "__main__":

@@ -91,17 +91,17 @@ def main(argv: list[str]) -> int:
     if clang is None:
         print("clang-19 not found: install it with `make hip-tools`")
         return 1
-    failed = 0
-    for arch in archs:
-        if not clang_knows(clang, arch):
-            print(f"{arch}: skipped ({clang} does not know this target)")
-            continue
-        ok, report, _ = hip_compile(arch)
-        print(f"{arch}: {'ok' if ok else 'FAILED'}")
-        if not ok:
-            failed += 1
-            print(report)
-    return 1 if failed else 0
+    from amk.vm.compile_check import report
+
+    def results():
+        for arch in archs:
+            if not clang_knows(clang, arch):
+                print(f"{arch}: skipped ({clang} does not know this target)")
+                continue
+            ok, out, _ = hip_compile(arch)
+            yield arch, ok, out
+
+    return report(results())
 
 
 if __name__ == "__main__":

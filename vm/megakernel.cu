@@ -60,19 +60,12 @@ AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer
     const AmkBuffer& b = bufs[o.buf];
     const int bits = b.dtype == AMK_DTYPE_U4 ? 4 : b.dtype == AMK_DTYPE_I8 ? 8
                    : (b.dtype == AMK_DTYPE_F16 || b.dtype == AMK_DTYPE_BF16) ? 16 : 32;
-    const int count = o.count > 0 ? o.count : 1;
+    const long long count = o.count > 0 ? o.count : 1;
     const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
-    const int runs = dense ? 1 : count;
-    const long long run_bytes = ((long long)o.len * (dense ? count : 1) * bits + 7) / 8;
-    for (int r = 0; r < runs && budget > 0; ++r) {
-      const long long first = (o.off + (long long)r * o.stride) * bits / 8, lo = first & ~127ll;
-      const long long lines = (first + run_bytes - lo + 127) / 128;
-      for (long long l = tid; l < lines && l < budget; l += nthr) {
-        if (*keep_going == 0) return;
-        amk_prefetch_l2((const char*)b.ptr + lo + l * 128);
-      }
-      budget -= lines;
-    }
+    if (!amk_prefetch_runs((const char*)b.ptr, o.off * bits / 8, o.stride * bits / 8,
+                           (o.len * (dense ? count : 1) * bits + 7) / 8, dense ? 1 : count, tid, nthr, budget,
+                           keep_going))
+      return;
   }
 }
 

@@ -6,7 +6,8 @@
 // Each provides: AMK_DEVICE, AMK_WARP_SIZE (overridable with -DAMK_WARP_SIZE=..),
 // amk_ld_acquire_gpu, amk_release_add_gpu, amk_fence_gpu, amk_ld_volatile, amk_nanosleep,
 // amk_timer_ns, amk_prefetch_l2, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
-// amk_ld16_weight, bf16/f16 <-> f32 conversions and the exact arithmetic helpers, and the
+// amk_ld16_weight, bf16/f16 <-> f32 conversions and the exact arithmetic helpers (amk_mul,
+// amk_add, amk_sub, amk_div, amk_rsqrt; the rest of the math is below), and the
 // shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).
 // A chiplet architecture (vm/arch_hip_gfx94.h) also provides amk_ld_acquire_xcd /
 // amk_release_add_xcd and defines AMK_HAS_XCD_SCOPE; elsewhere XCD scope is device scope.
@@ -21,6 +22,15 @@
 #endif
 
 #include "tables.h"
+
+// ---------------------------------------------------------------- the same on every vendor
+// exp/cos/sin are the libm-accurate ones (not the fast intrinsics); -inf and a quiet NaN by bits.
+AMK_DEVICE float amk_exp(float a) { return expf(a); }
+AMK_DEVICE float amk_cos(float a) { return cosf(a); }
+AMK_DEVICE float amk_sin(float a) { return sinf(a); }
+AMK_DEVICE bool amk_isnan(float a) { return a != a; }
+AMK_DEVICE float amk_neg_inf() { return __int_as_float((int)0xff800000u); }
+AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
 
 // ---------------------------------------------------------------- counter scopes
 #ifndef AMK_HAS_XCD_SCOPE

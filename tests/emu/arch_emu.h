@@ -145,10 +145,4 @@ AMK_DEVICE float amk_add(float a, float b) { return a + b; }
 AMK_DEVICE float amk_sub(float a, float b) { return a - b; }
 AMK_DEVICE float amk_div(float a, float b) { return a / b; }
 AMK_DEVICE float amk_rsqrt(float a) { return 1.0f / sqrtf(a); }
-AMK_DEVICE float amk_exp(float a) { return expf(a); }
-AMK_DEVICE float amk_cos(float a) { return cosf(a); }
-AMK_DEVICE float amk_sin(float a) { return sinf(a); }
-AMK_DEVICE bool amk_isnan(float a) { return a != a; }
-AMK_DEVICE float amk_neg_inf() { return -INFINITY; }
-AMK_DEVICE float amk_nan() { return NAN; }
 using std::min;
