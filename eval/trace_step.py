@@ -119,6 +119,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--prefetch-depth", type=int, default=None)
     ap.add_argument("--define", action="append", default=[], help="extra NVRTC define NAME=VALUE (experiments)")
+    ap.add_argument("--config", default=None, help="a ScheduleConfig JSON file (e.g. eval/configs/int8_g128.json)")
     a = ap.parse_args()
     if a.define:
         from amk.vm import build
@@ -133,7 +134,12 @@ def main() -> None:
     name = a.shape
     spec = spec_from_hf_config(shape_config(name), name=name, dtype="bfloat16")
     weights = random_weights_like(spec, "cuda", "bfloat16", 0)
-    mk = amk.api.compile(loaded=(spec, weights), dtype="bfloat16", kv_capacity=a.ctx + 76)
+    config = None
+    if a.config:
+        from amk.schedule.config import ScheduleConfig
+
+        config = ScheduleConfig.model_validate_json(open(a.config).read())
+    mk = amk.api.compile(loaded=(spec, weights), config=config, dtype="bfloat16", kv_capacity=a.ctx + 76)
     t = time.time()
     vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation, trace=True,
                 prefetch_depth=a.prefetch_depth)

@@ -8,7 +8,7 @@
 // The weight slab is immutable, so the scheduler prefetches it into L2 before the task's
 // waits; coarse slabs (many rows per task) keep many bytes in flight per SM.
 //
-// Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32]
+// Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
 #pragma once
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
@@ -20,14 +20,18 @@
 #define AMK_GEMV_UNROLL 8  // 254 registers on sm_80/sm_90 without spills (12 spills)
 #endif
 #ifndef AMK_GEMV_UNROLL_Q
-#define AMK_GEMV_UNROLL_Q 2
+#define AMK_GEMV_UNROLL_Q 8  // 255 registers on sm_90 in the int8 / int4 builds, no spills
 #endif
 
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
+// The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
+#define AMK_XSUM_CHUNK 32
+
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE;
+  return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
+         amk_round4(k / AMK_XSUM_CHUNK);
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -70,12 +74,6 @@ AMK_DEVICE bool amk_gemv_w_ok(const AmkGemvW& w) {
 }
 
 // Dequantize a code with the scale (and zero) of its group: I8 w = q*s; U4 w = q*s + z.
-template <bool Q, bool Z>
-AMK_DEVICE float amk_dequant_q(float q, float s, float z) {
-  if (!Q) return q;
-  const float v = amk_mul(q, s);
-  return Z ? amk_add(v, z) : v;
-}
 AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
   if (w.sb == nullptr) return q;
   const float v = amk_mul(q, s);
@@ -113,45 +111,90 @@ struct AmkGemvUnroll {
   static constexpr int value = PAIR && base > 1 ? base / 2 : base;
 };
 
+// Where the scale (and zero) of a vector sits: vector v of the slice (columns v*VEC..) is in
+// group (k_lo / VEC + v) / (group / VEC) - g0 of its row; a shift when group / VEC is a power
+// of two (every group size in use), a division otherwise.
+struct AmkGroupOf {
+  int v0, vpg, shift;  // shift < 0: divide by vpg
+  AMK_DEVICE int operator()(int v) const { return shift >= 0 ? (v0 + v) >> shift : (v0 + v) / vpg; }
+};
+template <int VEC>
+AMK_DEVICE AmkGroupOf amk_group_of(const AmkGemvW& w) {
+  AmkGroupOf g;
+  g.v0 = w.k_lo / VEC;
+  g.vpg = w.group / VEC;
+  g.shift = -1;
+  if ((g.vpg & (g.vpg - 1)) == 0)
+    for (g.shift = 0; (1 << g.shift) < g.vpg; ++g.shift) {
+    }
+  g.v0 -= w.g0 * g.vpg;  // (v0 + v) / vpg - g0 == (v0 - g0 * vpg + v) / vpg
+  return g;
+}
+
+// One quantized vector's contribution: scale * sum(code * x) (+ zero * sum(x) for U4).
+template <int DT>
+AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, float sc, float z) {
+  if constexpr (DT == AMK_DTYPE_U4) return sc * AmkWFmt<DT>::dot(raw, xv, xsum) + z * xsum;
+  else return sc * AmkWFmt<DT>::dot(raw, xv);
+}
+
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
 // the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
 // lane group has no row (it still takes part in the shuffles). Several lane groups per warp
 // keep short rows' loads in flight together: with K = 576 one row is 72 vectors, so a warp
-// that walked its rows one at a time waited one memory latency per 1.1 KB.
+// that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
+// weights load their vectors' scales (and zeros) with the codes, before the first use, and
+// apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, bool valid, int K,
-                                 int L, int sub, float& a1, float& a2) {
+AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, int r,
+                                 bool valid, int K, int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0;
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
+  const AmkGroupOf grp = amk_group_of<F::VEC>(w);  // w2 has the same group and k_lo
+  const amk_i64 srow1 = Q ? w.soff + r * w.sstride : 0, zrow1 = Z ? w.zoff + r * w.zstride : 0;
+  const amk_i64 srow2 = Q && PAIR ? w2.soff + r * w2.sstride : 0, zrow2 = Z && PAIR ? w2.zoff + r * w2.zstride : 0;
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
+    float sc1[U], sc2[U], z1[U], z2[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
       if (v < nvec) {
         raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
         if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+        if constexpr (Q) {
+          const int g = grp(v);
+          sc1[u] = amk_load(*w.sb, srow1 + g);
+          if (PAIR) sc2[u] = amk_load(*w2.sb, srow2 + g);
+          if constexpr (Z) {
+            z1[u] = amk_load(*w.zb, zrow1 + g);
+            if (PAIR) z2[u] = amk_load(*w2.zb, zrow2 + g);
+          }
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
       if (v < nvec) {
-        const int col = v * F::VEC;
-        const float* xv = xs + col;
-        const float sc1 = Q ? amk_w_scale(w, r, col) : 1.0f, z1 = Z ? amk_w_zero(w, r, col) : 0.0f;
+        const float* xv = xs + v * F::VEC;
+        if constexpr (Q) {
+          const float xsum = Z ? xsums[v] : 0.0f;
+          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sc1[u], Z ? z1[u] : 0.0f);
+          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sc2[u], Z ? z2[u] : 0.0f);
+        } else {
 #pragma unroll
-        for (int j = 0; j < F::VEC; ++j) s1 += amk_dequant_q<Q, Z>(F::get(raw1[u], j), sc1, z1) * xv[j];
-        if (PAIR) {
-          const float sc2 = Q ? amk_w_scale(w2, r, col) : 1.0f, z2 = Z ? amk_w_zero(w2, r, col) : 0.0f;
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xv[j];
+          if (PAIR) {
 #pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s2 += amk_dequant_q<Q, Z>(F::get(raw2[u], j), sc2, z2) * xv[j];
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * xv[j];
+          }
         }
       }
     }
@@ -196,7 +239,8 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                              int rows, int K) {
   const bool vec = amk_gemv_vec_ok<DT>(w) && (!PAIR || amk_gemv_vec_ok<DT>(w2));
   constexpr int m = PAIR ? 2 : 1;
   if (vec) {
@@ -205,7 +249,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
       float a1, a2;
-      amk_gemv_row_vec<DT, PAIR>(w, w2, xs, r, r < rows, K, L, sub, a1, a2);
+      amk_gemv_row_vec<DT, PAIR>(w, w2, xs, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
         acc[r * m] = a1;
         if (PAIR) acc[r * m + 1] = a2;
@@ -226,9 +270,10 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
+                                 float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, acc, rows, K);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K);
     return true;
   } else {
     return false;
@@ -236,13 +281,14 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 }
 
 template <bool PAIR>
-AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, float* acc, int rows, int K) {
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                                  int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, acc, rows, K);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, acc, rows, K);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, acc, rows, K);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, acc, rows, K);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, acc, rows, K);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -276,18 +322,26 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float gv) { xs[i] = amk_rms_apply(xs[i], inv, gv, xb.dtype); });
   }
-  amk_syncthreads();
-  amk_trace_mark(c, 0);  // prologue done
-
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
+  float* xsums = red + AMK_WARP_SIZE;
+  amk_syncthreads();
+  if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
+    for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
+      const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[v * AMK_XSUM_CHUNK + amk_lane()] : 0.0f);
+      if (amk_lane() == 0) xsums[v] = sum;
+    }
+    amk_syncthreads();
+  }
+  amk_trace_mark(c, 0);  // prologue done
+
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, acc, rows, K);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, acc, rows, K);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

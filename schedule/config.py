@@ -21,7 +21,7 @@ SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 
 # Fields that take 'auto' or an int in 1..max.
-_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "kv_splits": MAX_KV_SPLITS}
+_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS}
 
 
 class ScheduleConfig(BaseModel):
@@ -104,6 +104,12 @@ class ScheduleConfig(BaseModel):
         "of a float-weight GEMV issues before using the first, per matrix (1..8). More bytes in "
         "flight per SM stream faster until registers spill. 'auto' = the architecture's default "
         "(8 on sm_80/sm_90, 2 on sm_120, where ptxas spends registers more freely).",
+    )
+    gemv_unroll_quant: Union[Auto, int] = Field(
+        "auto",
+        description="VM knob (program.meta['vm'], a build define): the same for int8/int4 weights, "
+        "whose 16-byte vectors carry 16/32 codes plus a scale (and zero) load each (1..8). "
+        "'auto' = the architecture's default (8 on sm_90, 4 on sm_80/86/89, 2 on sm_120).",
     )
 
     # --------------------------------------------------------------- fusion

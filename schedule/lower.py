@@ -577,7 +577,8 @@ class _Lowering:
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
                          "xcds": self.xcds},
-            "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll},
+            "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll,
+                   "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
         if cfg.quant == "gguf":  # which matrices run in the file's own blocks
             prog.meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source

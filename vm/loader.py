@@ -166,7 +166,8 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
-        return r4(p.k_hi - p.k_lo) + r4(p.rows * gemv_rows_width(p)) + WARP
+        k = p.k_hi - p.k_lo
+        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // 32)  # .. | xsums (U4 zero term)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -351,8 +352,9 @@ class CudaVM:
             defines = dict(self.packed.defines) if specialize else {}
             if self.trace_enabled:
                 defines["AMK_TRACE"] = 1
-            if isinstance(vm_meta.get("gemv_unroll"), int):  # else the architecture's default
-                defines["AMK_GEMV_UNROLL"] = vm_meta["gemv_unroll"]
+            for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q")):
+                if isinstance(vm_meta.get(knob), int):  # else the architecture's default
+                    defines[define] = vm_meta[knob]
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
                                              min_blocks=program.blocks_per_cu, defines=defines or None)
             self._check_launchable(rt)
