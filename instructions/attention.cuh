@@ -347,31 +347,10 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
 // The (m, l) pairs of every split are staged once with parallel loads; the weights and the
 // denominator per head follow in shared memory (a warp per head, a fixed reduction tree);
-// each output element then sums its splits in split order. When a thread's elements times
-// the splits fit AMK_COMBINE_PRELOAD registers, its partial outputs are loaded before the
-// (m, l) pass, so the whole task waits on one round of loads instead of two or three
-// (measured: 6.8 us in the output phase of the 1B shape, every layer on the critical path).
-// Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
-#ifndef AMK_COMBINE_PRELOAD
-#define AMK_COMBINE_PRELOAD 32
-#endif
-
+// each output element then sums its splits with batched loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
   const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
   return 2 * splits * qh + qh;
-}
-
-// f(r, i, s) for the r-th (element i = threadIdx.x + k * blockDim.x, split s) pair of this
-// thread, k-major and s ascending, r < AMK_COMBINE_PRELOAD: r is a compile-time index
-// (registers), i and s are counted along.
-template <class F>
-AMK_DEVICE void amk_combine_pairs(int n, int splits, F f) {
-  int i = threadIdx.x, s = 0;
-#pragma unroll
-  for (int r = 0; r < AMK_COMBINE_PRELOAD; ++r) {
-    if (i < n) f(r, i, s);
-    if (++s == splits) s = 0, i += blockDim.x;
-  }
 }
 
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
@@ -383,11 +362,6 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   float* den = ls + splits * qh;
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
   const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml), &yb = amk_buf(c, y);
-  const int n = qh * hd, per_thread = (n + blockDim.x - 1) / blockDim.x;
-  const bool preload = per_thread * splits <= AMK_COMBINE_PRELOAD;  // block-uniform
-  float ov[AMK_COMBINE_PRELOAD];
-  if (preload)
-    amk_combine_pairs(n, splits, [&](int r, int i, int s) { ov[r] = amk_load(pb, amk_flat(po, (amk_i64)s * n + i)); });
   for (int i = threadIdx.x; i < splits * qh; i += blockDim.x) {
     wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
     ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
@@ -409,20 +383,10 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  if (preload) {  // the same sums, in split order, from registers
-    float num = 0.0f;
-    amk_combine_pairs(n, splits, [&](int r, int i, int s) {
-      const int h = i / hd;
-      const float x = amk_mul(wm[s * qh + h], ov[r]);
-      num = s == 0 ? x : amk_add(num, x);
-      if (s == splits - 1) amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
-    });
-    return;
-  }
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {  // splits summed in order, loads batched
+  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {  // splits summed in order, loads batched
     const int h = i / hd;
     const float num = amk_ordered_sum<16>(
-        splits, [&](int s) { return amk_load(pb, amk_flat(po, (amk_i64)s * n + i)); },
+        splits, [&](int s) { return amk_load(pb, amk_flat(po, (amk_i64)s * qh * hd + i)); },
         [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
     amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
   }
