@@ -93,14 +93,43 @@ AMK_DEVICE float amk_w_at(const AmkGemvW& w, int r, int c) {
   return amk_dequant(w, q, amk_w_scale(w, r, c), amk_w_zero(w, r, c));
 }
 
+// Where the scale (and zero) of a vector sits: vector v of the slice (columns v*VEC..) is in
+// group (k_lo / VEC + v) / (group / VEC) - g0 of its row: a shift, because the vector path
+// takes only slices inside one group or groups of a power-of-two number of vectors (every
+// group size in use; amk_gemv_vec_ok sends the rest to the scalar path).
+struct AmkGroupOf {
+  int v0, shift;
+  AMK_DEVICE int operator()(int v) const { return (v0 + v) >> shift; }
+};
+template <int VEC>
+AMK_DEVICE bool amk_group_of(const AmkGemvW& w, int K, AmkGroupOf& g) {
+  const int vpg = w.group / VEC;
+  if ((w.k_lo + K - 1) / w.group == w.g0) {  // the slice lies in one group (per-channel scales)
+    g.v0 = 0, g.shift = 30;
+    return true;
+  }
+  if ((vpg & (vpg - 1)) != 0) return false;
+  for (g.shift = 0; (1 << g.shift) < vpg; ++g.shift) {
+  }
+  g.v0 = w.k_lo / VEC - w.g0 * vpg;  // (k_lo / VEC + v) / vpg - g0 == (v0 + v) >> shift
+  return true;
+}
+
+AMK_DEVICE bool amk_float_dtype(const AmkBuffer* b) {  // or no buffer
+  return b == nullptr || b->dtype == AMK_DTYPE_F32 || b->dtype == AMK_DTYPE_BF16 || b->dtype == AMK_DTYPE_F16;
+}
+
 // Can every row of this matrix be streamed with aligned 16-byte vectors, one scale per vector?
 template <int DT>
-AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w) {
+AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K) {
   using F = AmkWFmt<DT>;
   if (w.off % F::VEC != 0 || w.stride % F::VEC != 0) return false;
   const unsigned long long base = w.wb->ptr + (unsigned long long)(w.off * F::BITS / 8);
   if (base % 16 != 0) return false;
-  return w.sb == nullptr || (w.group % F::VEC == 0 && w.k_lo % F::VEC == 0);
+  if (w.sb == nullptr) return true;
+  AmkGroupOf g;
+  return w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_float_dtype(w.sb) && amk_float_dtype(w.zb) &&
+         amk_group_of<F::VEC>(w, K, g);
 }
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
@@ -111,24 +140,25 @@ struct AmkGemvUnroll {
   static constexpr int value = PAIR && base > 1 ? base / 2 : base;
 };
 
-// Where the scale (and zero) of a vector sits: vector v of the slice (columns v*VEC..) is in
-// group (k_lo / VEC + v) / (group / VEC) - g0 of its row; a shift when group / VEC is a power
-// of two (every group size in use), a division otherwise.
-struct AmkGroupOf {
-  int v0, vpg, shift;  // shift < 0: divide by vpg
-  AMK_DEVICE int operator()(int v) const { return shift >= 0 ? (v0 + v) >> shift : (v0 + v) / vpg; }
+// A row of scales (or zeros) in a float dtype, read as raw bits now and converted at use:
+// no per-load dispatch on the dtype in the weight loop, and the loads stay independent.
+struct AmkQRow {
+  const char* p;
+  int dt;
+  AMK_DEVICE unsigned raw(int g) const {
+    return dt == AMK_DTYPE_F32 ? ((const unsigned*)p)[g] : ((const unsigned short*)p)[g];
+  }
+  AMK_DEVICE float value(unsigned r) const {
+    return dt == AMK_DTYPE_F32    ? __uint_as_float(r)
+           : dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32((unsigned short)r)
+                                  : amk_f16_to_f32((unsigned short)r);
+  }
 };
-template <int VEC>
-AMK_DEVICE AmkGroupOf amk_group_of(const AmkGemvW& w) {
-  AmkGroupOf g;
-  g.v0 = w.k_lo / VEC;
-  g.vpg = w.group / VEC;
-  g.shift = -1;
-  if ((g.vpg & (g.vpg - 1)) == 0)
-    for (g.shift = 0; (1 << g.shift) < g.vpg; ++g.shift) {
-    }
-  g.v0 -= w.g0 * g.vpg;  // (v0 + v) / vpg - g0 == (v0 - g0 * vpg + v) / vpg
-  return g;
+AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
+  AmkQRow q;
+  q.dt = b ? b->dtype : AMK_DTYPE_F32;
+  q.p = b ? (const char*)b->ptr + off * (q.dt == AMK_DTYPE_F32 ? 4 : 2) : nullptr;
+  return q;
 }
 
 // One quantized vector's contribution: scale * sum(code * x) (+ zero * sum(x) for U4).
@@ -154,14 +184,18 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const fl
   const int nvec = valid ? K / F::VEC : 0;
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-  const AmkGroupOf grp = amk_group_of<F::VEC>(w);  // w2 has the same group and k_lo
-  const amk_i64 srow1 = Q ? w.soff + r * w.sstride : 0, zrow1 = Z ? w.zoff + r * w.zstride : 0;
-  const amk_i64 srow2 = Q && PAIR ? w2.soff + r * w2.sstride : 0, zrow2 = Z && PAIR ? w2.zoff + r * w2.zstride : 0;
+  AmkGroupOf grp{0, 0};
+  if (Q) amk_group_of<F::VEC>(w, K, grp);  // checked by amk_gemv_vec_ok; w2 has the same group and k_lo
+  AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
+  if (Q) {
+    sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
+    if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
+  }
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
-    float sc1[U], sc2[U], z1[U], z2[U];
+    unsigned sc1[U], sc2[U], z1[U], z2[U];  // raw bits
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
@@ -170,11 +204,11 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const fl
         if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
         if constexpr (Q) {
           const int g = grp(v);
-          sc1[u] = amk_load(*w.sb, srow1 + g);
-          if (PAIR) sc2[u] = amk_load(*w2.sb, srow2 + g);
+          sc1[u] = sr1.raw(g);
+          if (PAIR) sc2[u] = sr2.raw(g);
           if constexpr (Z) {
-            z1[u] = amk_load(*w.zb, zrow1 + g);
-            if (PAIR) z2[u] = amk_load(*w2.zb, zrow2 + g);
+            z1[u] = zr1.raw(g);
+            if (PAIR) z2[u] = zr2.raw(g);
           }
         }
       }
@@ -186,8 +220,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const fl
         const float* xv = xs + v * F::VEC;
         if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
-          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sc1[u], Z ? z1[u] : 0.0f);
-          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sc2[u], Z ? z2[u] : 0.0f);
+          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f);
+          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f);
         } else {
 #pragma unroll
           for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xv[j];
@@ -241,7 +275,7 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
                               int rows, int K) {
-  const bool vec = amk_gemv_vec_ok<DT>(w) && (!PAIR || amk_gemv_vec_ok<DT>(w2));
+  const bool vec = amk_gemv_vec_ok<DT>(w, K) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K));
   constexpr int m = PAIR ? 2 : 1;
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
