@@ -20,7 +20,7 @@
 #define AMK_GEMV_UNROLL 8  // 254 registers on sm_80/sm_90 without spills (12 spills)
 #endif
 #ifndef AMK_GEMV_UNROLL_Q
-#define AMK_GEMV_UNROLL_Q 8  // 255 registers on sm_90 in the int8 / int4 builds, no spills
+#define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
 
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }

@@ -16,6 +16,8 @@ Numerics, as `amk.schedule.ir` documents: read -> fp32, fp32 arithmetic, round o
 The choices the IR leaves open are fixed here (the CUDA kernels must follow them):
   * RMSNorm is (x * rsqrt(mean(x^2) + eps)) * gamma, in that association (HF's order).
   * Quantized weights dequantize with two roundings: fp32(code * scale), then + zero.
+    (The GPU GEMV reassociates per 16/32-code vector: scale * sum(code * x) + zero * sum(x);
+    the same value up to fp32 rounding, which the kernel tests' tolerance covers.)
     A scale/zero tile's first column is group k_lo // group of the row.
   * RoPE angles are fp32(fp32(pos) * inv_freq[i]); cos/sin of that fp32 angle.
   * Attention scores are fp32(scale) * fp32(q . k), the scale rounded to fp32 first.

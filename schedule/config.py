@@ -109,7 +109,8 @@ class ScheduleConfig(BaseModel):
         "auto",
         description="VM knob (program.meta['vm'], a build define): the same for int8/int4 weights, "
         "whose 16-byte vectors carry 16/32 codes plus a scale (and zero) load each (1..8). "
-        "'auto' = the architecture's default (8 on sm_90, 4 on sm_80/86/89, 2 on sm_120).",
+        "'auto' = the architecture's default (8 on sm_90, 4 on sm_80/86/89, 2 on sm_120; 2 in a "
+        "build that compiles both quantized formats, such as the generic one).",
     )
 
     # --------------------------------------------------------------- fusion

@@ -14,8 +14,14 @@
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_GEMV_UNROLL)
 #define AMK_GEMV_UNROLL 2
 #endif
-#if defined(__CUDA_ARCH__) && !defined(AMK_GEMV_UNROLL_Q)  // quantized weights: 4 below sm_90 (8 spills there)
-#define AMK_GEMV_UNROLL_Q (__CUDA_ARCH__ >= 1200 ? 2 : __CUDA_ARCH__ >= 900 ? 8 : 4)
+// Quantized weights: 8 on sm_90, 4 below (8 spills there), 2 on sm_120; a build that compiles
+// both quantized formats (the generic, all-dtype build) keeps 2 to stay free of spills.
+#if defined(__CUDA_ARCH__) && !defined(AMK_GEMV_UNROLL_Q)
+#define AMK_GEMV_UNROLL_Q                                                                  \
+  (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) && AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4) ? 2            \
+   : __CUDA_ARCH__ >= 1200                                                 ? 2            \
+   : __CUDA_ARCH__ >= 900                                                  ? 8            \
+                                                                           : 4)
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_ARGMAX_UNROLL)
 #define AMK_ARGMAX_UNROLL 2  // and the logit vectors in flight per thread (instructions/argmax.cuh)

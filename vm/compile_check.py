@@ -62,6 +62,14 @@ def report(results) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"usage: python -m amk.vm.compile_check [sm_NN ...]  (default: {' '.join(f'sm_{a}' for a in ARCHS)})\n\n"
+              + (__doc__ or "").strip())
+        return 0
+    bad = [a for a in argv if not a.removeprefix("sm_").isdigit()]
+    if bad:
+        print(f"error: not an architecture: {' '.join(bad)} (expected e.g. sm_90)", file=sys.stderr)
+        return 2
     archs = [int(a.removeprefix("sm_")) for a in argv] or list(ARCHS)
     return report((f"sm_{arch}", *nvcc_compile(arch)) for arch in archs)
 
