@@ -283,7 +283,7 @@ AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, 
     const AmkOperand& o = t->in[kv == 0 ? rk : rv];
     const AmkBuffer& b = bufs[o.buf];
     if (pos < 0 || pos >= b.rows) return;
-    const long long bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
+    const long long bytes = amk_dtype_bits(b.dtype) / 8;  // hints only: the op itself rejects non-float KV
     if (!amk_prefetch_runs((const char*)b.ptr, ((long long)j0 * b.width + o.off) * bytes, b.width * bytes,
                            t->ip[AMK_P_ATTN_HEAD_DIM] * bytes, j1 - j0, tid, nthr, budget, keep_going))
       return;

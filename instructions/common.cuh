@@ -66,6 +66,11 @@ AMK_DEVICE float* amk_smem(const AmkCtx& c, long long words) {
 }
 
 // ---------------------------------------------------------------- element access
+// Bits per element of a dtype (U4 4, I8 8, F16/BF16 16, F32/I32 32).
+AMK_DEVICE int amk_dtype_bits(int dt) {
+  return dt == AMK_DTYPE_U4 ? 4 : dt == AMK_DTYPE_I8 ? 8 : (dt == AMK_DTYPE_F16 || dt == AMK_DTYPE_BF16) ? 16 : 32;
+}
+
 AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
   const char* p = (const char*)b.ptr;
   switch (b.dtype) {

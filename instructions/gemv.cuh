@@ -120,16 +120,17 @@ AMK_DEVICE bool amk_float_dtype(const AmkBuffer* b) {  // or no buffer
 }
 
 // Can every row of this matrix be streamed with aligned 16-byte vectors, one scale per vector?
+// If so (and it is quantized), `grp` maps the slice's vectors to their scale columns.
 template <int DT>
-AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K) {
+AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
   using F = AmkWFmt<DT>;
   if (w.off % F::VEC != 0 || w.stride % F::VEC != 0) return false;
   const unsigned long long base = w.wb->ptr + (unsigned long long)(w.off * F::BITS / 8);
   if (base % 16 != 0) return false;
+  grp = AmkGroupOf{0, 0};
   if (w.sb == nullptr) return true;
-  AmkGroupOf g;
   return w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_float_dtype(w.sb) && amk_float_dtype(w.zb) &&
-         amk_group_of<F::VEC>(w, K, g);
+         amk_group_of<F::VEC>(w, K, grp);
 }
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
@@ -157,7 +158,7 @@ struct AmkQRow {
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
   AmkQRow q;
   q.dt = b ? b->dtype : AMK_DTYPE_F32;
-  q.p = b ? (const char*)b->ptr + off * (q.dt == AMK_DTYPE_F32 ? 4 : 2) : nullptr;
+  q.p = b ? (const char*)b->ptr + off * (amk_dtype_bits(q.dt) / 8) : nullptr;
   return q;
 }
 
@@ -176,16 +177,14 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, int r,
-                                 bool valid, int K, int L, int sub, float& a1, float& a2) {
+AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+                                 const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0;
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-  AmkGroupOf grp{0, 0};
-  if (Q) amk_group_of<F::VEC>(w, K, grp);  // checked by amk_gemv_vec_ok; w2 has the same group and k_lo
   AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
   if (Q) {
     sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
@@ -275,7 +274,8 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
                               int rows, int K) {
-  const bool vec = amk_gemv_vec_ok<DT>(w, K) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K));
+  AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
+  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
@@ -283,7 +283,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
       float a1, a2;
-      amk_gemv_row_vec<DT, PAIR>(w, w2, xs, xsums, r, r < rows, K, L, sub, a1, a2);
+      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
         acc[r * m] = a1;
         if (PAIR) acc[r * m + 1] = a2;

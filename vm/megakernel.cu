@@ -58,8 +58,7 @@ AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer
     if (!((mask >> s) & 1)) continue;
     const AmkOperand& o = t->in[s];
     const AmkBuffer& b = bufs[o.buf];
-    const int bits = b.dtype == AMK_DTYPE_U4 ? 4 : b.dtype == AMK_DTYPE_I8 ? 8
-                   : (b.dtype == AMK_DTYPE_F16 || b.dtype == AMK_DTYPE_BF16) ? 16 : 32;
+    const int bits = amk_dtype_bits(b.dtype);
     const long long count = o.count > 0 ? o.count : 1;
     const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
     if (!amk_prefetch_runs((const char*)b.ptr, o.off * bits / 8, o.stride * bits / 8,
@@ -163,7 +162,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                           &s_waiting);
     }
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) trace[(long long)AMK_TRACE_COLS * queue_tasks[qi] + 1] = amk_timer_ns();
+    if (threadIdx.x == 0) c.trace_row[1] = amk_timer_ns();
 #endif
     amk_syncthreads();
     if (!s_go) break;
@@ -172,7 +171,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     amk_syncthreads();
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) trace[(long long)AMK_TRACE_COLS * queue_tasks[qi] + 2] = amk_timer_ns();
+    if (threadIdx.x == 0) c.trace_row[2] = amk_timer_ns();
 #endif
   }
 }
