@@ -353,6 +353,36 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
   return 2 * splits * qh + qh;
 }
 
+// y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order
+// with their loads batched and typed (amk_float_dispatch). Element s * n + i of the partials:
+// the lowering gives each split one run of n (or one run for all), so its address is off +
+// s * step + i with no division; other layouts take amk_flat.
+struct AmkCombineOutputs {
+  amk_u64 ptr;
+  const AmkOperand& po;
+  const AmkBuffer& yb;
+  const AmkOperand& y;
+  const float* wm;
+  const float* den;
+  int qh, hd, splits;
+  template <int DT>
+  AMK_DEVICE void run() const {
+    const amk_i64 n = (amk_i64)qh * hd;
+    const bool one_run_per_split = po.count <= 1 || po.len == n;
+    const amk_i64 step = po.count <= 1 ? n : po.stride;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int h = i / hd;
+      const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
+          splits,
+          [&](int s) {
+            return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, s * n + i));
+          },
+          [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
+      amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
+    }
+  }
+};
+
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
@@ -383,11 +413,6 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) {  // splits summed in order, loads batched
-    const int h = i / hd;
-    const float num = amk_ordered_sum<16>(
-        splits, [&](int s) { return amk_load(pb, amk_flat(po, (amk_i64)s * qh * hd + i)); },
-        [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
-    amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
-  }
+  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

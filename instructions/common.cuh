@@ -71,20 +71,59 @@ AMK_DEVICE int amk_dtype_bits(int dt) {
   return dt == AMK_DTYPE_U4 ? 4 : dt == AMK_DTYPE_I8 ? 8 : (dt == AMK_DTYPE_F16 || dt == AMK_DTYPE_BF16) ? 16 : 32;
 }
 
+// Element i of a buffer as fp32. Cases for dtypes this build does not compile are left out
+// (AMK_DTYPES: the loader includes every dtype the program has), so a specialized build's
+// switch is a branch or two rather than a jump table.
 AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
   const char* p = (const char*)b.ptr;
   switch (b.dtype) {
-    case AMK_DTYPE_F32: return ((const float*)p)[i];
-    case AMK_DTYPE_F16: return amk_f16_to_f32(((const unsigned short*)p)[i]);
-    case AMK_DTYPE_BF16: return amk_bf16_to_f32(((const unsigned short*)p)[i]);
-    case AMK_DTYPE_I32: return (float)((const int*)p)[i];
-    case AMK_DTYPE_I8: return (float)((const signed char*)p)[i];
-    case AMK_DTYPE_U4: {
-      const unsigned char byte = ((const unsigned char*)p)[i >> 1];
-      return (float)((i & 1) ? (byte >> 4) : (byte & 15));
-    }
-    default: return amk_nan();
+    case AMK_DTYPE_F32:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32)) return ((const float*)p)[i];
+      break;
+    case AMK_DTYPE_F16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_f16_to_f32(((const unsigned short*)p)[i]);
+      break;
+    case AMK_DTYPE_BF16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_bf16_to_f32(((const unsigned short*)p)[i]);
+      break;
+    case AMK_DTYPE_I32:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I32)) return (float)((const int*)p)[i];
+      break;
+    case AMK_DTYPE_I8:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I8)) return (float)((const signed char*)p)[i];
+      break;
+    case AMK_DTYPE_U4:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_U4)) {
+        const unsigned char byte = ((const unsigned char*)p)[i >> 1];
+        return (float)((i & 1) ? (byte >> 4) : (byte & 15));
+      }
+      break;
+    default: break;
   }
+  return amk_nan();
+}
+
+// f.template run<DT>() with DT the float dtype dt (F32, BF16, F16) when this build compiles
+// it; false otherwise. Loops that load one operand many times dispatch once, outside, instead
+// of switching per element. (A functor with a member template rather than a generic lambda:
+// NVRTC does not give generic lambdas a device execution space.)
+template <class F>
+AMK_DEVICE bool amk_float_dispatch(int dt, const F& f) {
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32))
+    if (dt == AMK_DTYPE_F32) return f.template run<AMK_DTYPE_F32>(), true;
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16))
+    if (dt == AMK_DTYPE_BF16) return f.template run<AMK_DTYPE_BF16>(), true;
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16))
+    if (dt == AMK_DTYPE_F16) return f.template run<AMK_DTYPE_F16>(), true;
+  return false;
+}
+
+// Element i of float buffer data of dtype DT (F32, BF16, F16) as fp32.
+template <int DT>
+AMK_DEVICE float amk_load_as(amk_u64 ptr, amk_i64 i) {
+  if constexpr (DT == AMK_DTYPE_F32) return ((const float*)ptr)[i];
+  else if constexpr (DT == AMK_DTYPE_BF16) return amk_bf16_to_f32(((const unsigned short*)ptr)[i]);
+  else return amk_f16_to_f32(((const unsigned short*)ptr)[i]);
 }
 
 // v rounded to a float dtype's precision and back (RNE), as a store then a load would:
@@ -100,9 +139,15 @@ AMK_DEVICE float amk_round(int dtype, float v) {
 AMK_DEVICE void amk_store(const AmkBuffer& b, amk_i64 i, float v) {
   char* p = (char*)b.ptr;
   switch (b.dtype) {
-    case AMK_DTYPE_F32: ((float*)p)[i] = v; break;
-    case AMK_DTYPE_F16: ((unsigned short*)p)[i] = amk_f32_to_f16(v); break;
-    case AMK_DTYPE_BF16: ((unsigned short*)p)[i] = amk_f32_to_bf16(v); break;
+    case AMK_DTYPE_F32:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32)) ((float*)p)[i] = v;
+      break;
+    case AMK_DTYPE_F16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16)) ((unsigned short*)p)[i] = amk_f32_to_f16(v);
+      break;
+    case AMK_DTYPE_BF16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16)) ((unsigned short*)p)[i] = amk_f32_to_bf16(v);
+      break;
     default: break;  // integer outputs go through amk_store_int; loaders reject the rest
   }
 }
@@ -140,6 +185,10 @@ AMK_DEVICE bool amk_prefetch_runs(const char* base, long long first_byte, long l
 // Element i of a flat operand (the union of its count runs, in order).
 AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
   if (o.count <= 1) return o.off + i;
+  if (i >= 0 && i <= 0xffffffffll) {  // a 32-bit division: the 64-bit one is a ~70-instruction call
+    const unsigned ui = (unsigned)i, run = ui / (unsigned)o.len;
+    return o.off + (amk_i64)run * o.stride + (ui - run * (unsigned)o.len);
+  }
   const amk_i64 run = i / o.len;
   return o.off + run * o.stride + (i - run * o.len);
 }

@@ -155,6 +155,9 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
 // sum over k = 0 .. n-1 of term(k, load(k)), added in order k = 0, 1, ... (the first term as
 // it is), the loads issued in batches of U before their first use: the split-K REDUCE and the
 // attention combine sum their splits this way, in the reference's order.
+#ifndef AMK_SPLIT_SUM_UNROLL
+#define AMK_SPLIT_SUM_UNROLL 16  // split loads in flight per thread (REDUCE, the attention combine)
+#endif
 template <int U, class Load, class Term>
 AMK_DEVICE float amk_ordered_sum(int n, Load load, Term term) {
   float s = 0.0f;

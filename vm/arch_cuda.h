@@ -26,6 +26,9 @@
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_ARGMAX_UNROLL)
 #define AMK_ARGMAX_UNROLL 2  // and the logit vectors in flight per thread (instructions/argmax.cuh)
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_SPLIT_SUM_UNROLL)
+#define AMK_SPLIT_SUM_UNROLL 4  // and the split loads per batch of REDUCE / the combine (instructions/vec.cuh; 8 spills)
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_STAGE_UNROLL)
 #define AMK_STAGE_UNROLL 1  // and the activation vectors per batch (instructions/vec.cuh; 2 spills 1.7 KB)
 #endif
