@@ -57,6 +57,7 @@ from amk.errors import AmkError
 from amk.eval import roofline
 from amk.eval.baselines import DEFAULT_GPU_BASELINES, FP32_REFERENCE, make_runner, optional_engines
 from amk.eval.provenance import git_commit
+from amk.schedule.rope_rows import in_hf_order, permute_k_history
 
 GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # half: only for fallback comparisons
 HALF = ("bfloat16", "float16")  # gated by eval/tolerance.py against an fp32 reference
@@ -226,7 +227,8 @@ def baseline_weights(mk, weights: dict[str, torch.Tensor], dtype: torch.dtype) -
         if b is not None and b.dtype in (DType.I8, DType.U4):
             scale = mk.tensors[by_id[b.scale].name]
             zero = mk.tensors[by_id[b.zero].name] if b.zero is not None else None
-            out[name] = dequantize(mk.tensors[name], scale, zero).to(dtype).contiguous()
+            deq = dequantize(mk.tensors[name], scale, zero).to(dtype)
+            out[name] = in_hf_order(mk.program, name, deq).contiguous()  # q/k rows permuted for rope_rows
     return out, f"dequantized {quant} weights of the megakernel, in {str(dtype).removeprefix('torch.')}"
 
 
@@ -266,7 +268,8 @@ class MegakernelRunner:
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[0]
-        self._kv(f"layers.{layer}.k_cache")[:n].copy_(k.reshape(n, -1))
+        # k in the program's layout (q/k rows permuted for rope_rows < head_dim)
+        self._kv(f"layers.{layer}.k_cache")[:n].copy_(permute_k_history(self.mk.program, k.reshape(n, -1)))
         self._kv(f"layers.{layer}.v_cache")[:n].copy_(v.reshape(n, -1))
 
     def prepare(self, token: int, pos: int) -> None:

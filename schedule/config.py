@@ -122,6 +122,17 @@ class ScheduleConfig(BaseModel):
         description="Head norm + RoPE + KV-cache append in the q/k/v GEMV epilogues (else "
         "standalone HEAD_NORM, ROPE and KV_APPEND tasks).",
     )
+    rope_rows: Union[Auto, int] = Field(
+        "auto",
+        description="Rows of a q/k GEMV task with the fused RoPE epilogue (an even divisor of "
+        "head_dim). head_dim keeps whole heads per task (the Hugging Face layout: 48 tasks for "
+        "Llama-3.2-1B's 32 + 8 + 8 heads, so q/k/v stream on a third of an H100's SMs). Smaller: "
+        "each q/k head's rows are permuted so that every run of this many rows holds whole "
+        "rotate-half pairs (q.k is unchanged when q and k are permuted alike; the k cache holds "
+        "the permuted layout), and each such run is a task. 'auto' = the smallest r giving at most "
+        "about one q/k task per queue's share of the stage, whole heads with head norm (qk_norm) "
+        "or without fuse_rope_append.",
+    )
     fuse_residual: bool = Field(
         True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
     )
@@ -169,6 +180,13 @@ class ScheduleConfig(BaseModel):
         hi = _AUTO_INT_MAX[info.field_name]
         if v != "auto" and not 1 <= v <= hi:
             raise ValueError(f"{info.field_name} must be 'auto' or in 1..{hi}")
+        return v
+
+    @field_validator("rope_rows")
+    @classmethod
+    def _rope_rows(cls, v):
+        if v != "auto" and (v < 2 or v % 2):
+            raise ValueError("rope_rows must be 'auto' or an even number >= 2")
         return v
 
     @field_validator("kv_block")

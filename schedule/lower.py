@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from amk.schedule import placement
+from amk.schedule import placement, rope_rows
 from amk.schedule.config import ScheduleConfig
 from amk.schedule.hazards import HazardTracker
 from amk.schedule.ir import (
@@ -131,7 +131,8 @@ class _Mat:
     residual: Optional[Buffer] = None
     head_gamma: Optional[Buffer] = None
     head_dim: int = 0
-    gran: int = 1  # rows per slab must be a multiple (whole heads for RoPE)
+    gran: int = 1  # rows per slab must be a multiple (whole heads, or rope_rows runs, for RoPE)
+    one_unit_per_slab: bool = False  # each slab exactly `gran` rows (RoPE runs shorter than a head)
 
     @property
     def rows(self) -> int:
@@ -199,6 +200,14 @@ class _Lowering:
             self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill))
         else:
             self.kv_splits = cfg.kv_splits
+
+        # q/k GEMV tasks with RoPE: whole heads, or runs of rope_rows rows (schedule/rope_rows.py),
+        # sized so that the q/k tasks take at most their share (by rows) of the stage's slabs
+        d, qk_rows = spec.head_dim, (spec.num_heads + kvh) * spec.head_dim
+        share = self.slabs * qk_rows // (qk_rows + kvh * d)
+        self.rope_rows = rope_rows.choose(cfg.rope_rows, d, spec.num_heads + kvh, share,
+                                          whole_heads_only=spec.qk_norm or not cfg.fuse_rope_append)
+        self.permuted: list[str] = []  # buffers whose rows bind_weights permutes
 
         self.buffers: list[Buffer] = []
         self.by_name: dict[str, Buffer] = {}
@@ -283,7 +292,7 @@ class _Lowering:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
         when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any."""
         cfg = self.cfg
-        counts = _allocate(self.slabs, mats)
+        counts = [m.rows // m.gran if m.one_unit_per_slab else n for m, n in zip(mats, _allocate(self.slabs, mats))]
         sk = cfg.split_k
         eps = self.spec.rms_norm_eps if norm is not None else None
         partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []
@@ -379,8 +388,9 @@ class _Lowering:
             ops.append(_op(m.residual, r0, rows))
         if m.head_gamma is not None:
             ops.append(_whole(m.head_gamma))
-        if m.epilogue in ROPE_EPILOGUES:
-            ops += [_op(self.inv_freq, 0, self.spec.head_dim // 2), _whole(self.pos)]
+        if m.epilogue in ROPE_EPILOGUES:  # the inverse frequencies of the slab's run (whole heads: all)
+            run = m.head_dim
+            ops += [_op(self.inv_freq, (r0 % self.spec.head_dim) // run * (run // 2), run // 2), _whole(self.pos)]
         elif m.epilogue == Epilogue.APPEND:
             ops.append(_whole(self.pos))
         return ops
@@ -470,10 +480,14 @@ class _Lowering:
             xin, gamma = normed(f"{t}.attn_norm", self.weight(p + "input_layernorm.weight", [H]))
             q = self.act("q", QD)
             if cfg.fuse_rope_append:
+                r = self.rope_rows
+                if r < d:  # q/k rows permuted per head (schedule/rope_rows.py): tasks of one run each
+                    self.permuted += [b.name for b in (wq, wk, bq, bk) if b is not None]
                 mats = [
-                    _Mat("q", wq, into(q), Epilogue.ROPE, bias=bq, head_gamma=qn, head_dim=d, gran=d),
+                    _Mat("q", wq, into(q), Epilogue.ROPE, bias=bq, head_gamma=qn, head_dim=r, gran=r,
+                         one_unit_per_slab=r < d),
                     _Mat("k", wk, into(kc, KvMode.APPEND), Epilogue.ROPE_APPEND, bias=bk, head_gamma=kn,
-                         head_dim=d, gran=d),
+                         head_dim=r, gran=r, one_unit_per_slab=r < d),
                     _Mat("v", wv, into(vc, KvMode.APPEND), Epilogue.APPEND, bias=bv),
                 ]
                 self.gemv_stage(f"{t}.qkv", mats, xin, gamma)
@@ -580,6 +594,9 @@ class _Lowering:
             "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
+        if self.permuted:
+            prog.meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim,
+                                             "permuted": self.permuted}
         if cfg.quant == "gguf":  # which matrices run in the file's own blocks
             prog.meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source
                                         for b in self.buffers if b.group is not None}

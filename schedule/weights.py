@@ -13,6 +13,7 @@ from typing import Mapping, Optional
 
 import torch
 
+from amk.schedule import rope_rows
 from amk.schedule.ir import BufferKind, DType, Program
 from amk.schedule.modelspec import ModelSpec
 from amk.schedule.quantize import QuantizedWeight, quantize_int4, quantize_int8
@@ -102,6 +103,11 @@ def bind_weights(program: Program, spec: ModelSpec, weights: dict[str, torch.Ten
         raise ValueError("a quant='gguf' program needs the GGUF file's quantized tensors (native=...)")
     out: dict[str, torch.Tensor] = {}
     bufs = program.buffers
+    run, head_dim, permuted = rope_rows.permuted_rows(program)
+
+    def rows_in_order(b, t: torch.Tensor) -> torch.Tensor:  # q/k rows in the program's layout
+        return rope_rows.permute_rows(t, head_dim, run) if b.name in permuted else t
+
     companions = {b.scale for b in bufs if b.scale is not None} | {b.zero for b in bufs if b.zero is not None}
     for b in bufs:
         if b.kind == BufferKind.CONST:
@@ -115,13 +121,14 @@ def bind_weights(program: Program, spec: ModelSpec, weights: dict[str, torch.Ten
         if gguf and b.group is not None:
             if src not in native:
                 raise KeyError(f"native quantized tensor {src!r} (for buffer {b.name!r}) is missing")
-            out.update(_bind_native(b, bufs, native[src], src))
+            out.update({k: rows_in_order(b, t) for k, t in _bind_native(b, bufs, native[src], src).items()})
             continue
         if src not in weights:
             raise KeyError(f"weight {src!r} (for buffer {b.name!r}) is missing")
         w = weights[src].detach()
         if list(w.shape) != b.shape:
             raise ValueError(f"{src}: shape {list(w.shape)} != buffer shape {b.shape}")
+        w = rows_in_order(b, w)  # before quantization: scales and zeros follow their rows
         if b.dtype in TORCH_DTYPES:
             out[b.name] = w.to(TORCH_DTYPES[b.dtype]).contiguous()
             continue

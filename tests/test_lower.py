@@ -29,6 +29,7 @@ from amk.schedule.modelspec import ModelSpec
 from amk.schedule.opspec import input_roles, output_roles
 from amk.schedule.quantize import dequantize, group_for, quantize_int4, quantize_int8
 from amk.schedule.targets import coresident_blocks, get_target
+from amk.schedule.rope_rows import head_order, in_hf_order
 
 H100 = get_target("h100")
 K = BufferKind
@@ -313,6 +314,7 @@ FIELD_CHANGES = {
     "fuse_norm": ({}, dict(fuse_norm=False)),
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),
+    "rope_rows": ({}, dict(rope_rows=16)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
@@ -452,6 +454,11 @@ E2E = [
     ("mistral", dict(H=96, heads=3, kv=3, d=32, F=160, L=2, V=128), dict(quant="int8", quant_group=32, quant_lm_head=True)),
     ("llama", dict(H=128, heads=2, kv=1, d=64, F=256, L=1, V=128, tied=True),
      dict(quant="int4", quant_group=32, quant_lm_head=True, split_k=2, gemv_tasks_per_matrix=3)),
+    # q/k heads permuted into RoPE runs shorter than a head: float, quantized, split-K, bias
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(rope_rows=8)),
+    ("llama", dict(H=128, heads=2, kv=1, d=64, F=256, L=1, V=128, tied=True),
+     dict(quant="int4", quant_group=32, rope_rows=16, split_k=2)),
+    ("qwen2", dict(H=128, heads=4, kv=1, d=64, F=192, L=2, V=200, tied=True), dict(rope_rows=4, kv_splits=3)),
 ]
 
 
@@ -472,6 +479,7 @@ def test_matches_eager_hf(family, sk, cfg):
         if b.scale is not None:
             zero = tensors[p.buffers[b.zero].name] if b.zero is not None else None
             deq = dequantize(tensors[b.name], tensors[p.buffers[b.scale].name], zero)
+            deq = in_hf_order(p, b.name, deq)  # rope_rows < head_dim: back to the HF row order
             ref_w["lm_head.weight" if b.name == "lm_head.q" else b.name] = deq
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager").eval()
     state = dict(ref_w)
@@ -558,3 +566,31 @@ def test_amd_warp_multiple():
     with pytest.raises(ValueError, match="warp size"):
         lower(ZOO["mha"], cfg_of(threads_per_block=96), get_target("mi300x"), kv_capacity=16)
     assert lower(ZOO["mha"], cfg_of(threads_per_block=128), get_target("mi300x"), kv_capacity=16).threads_per_block == 128
+
+
+# ----------------------------------------------------------------------------- rope_rows
+def test_rope_rows_runs_hold_whole_rotate_half_pairs():
+    for d, r in ((64, 64), (64, 16), (128, 32), (32, 8), (8, 2)):
+        order = head_order(d, r)
+        assert sorted(order) == list(range(d))
+        for p, dim in enumerate(order):  # the partner of a run's first half sits r/2 later in the same run
+            if p % r < r // 2:
+                assert order[p + r // 2] == dim + d // 2
+    assert head_order(64, 64) == list(range(64))  # whole heads: the HF layout
+    for bad in (0, 3, 12, 128):
+        with pytest.raises(ValueError):
+            head_order(64, bad)
+
+
+def test_rope_rows_lowering_and_refusals():
+    spec = ZOO["gqa"]  # head_dim 64, 4 + 2 heads
+    p = lower(spec, cfg_of(rope_rows=16), H100, kv_capacity=16)
+    q = [t for t in p.tasks if t.name.startswith("layers.0.qkv.q[")]
+    assert len(q) == 4 * 64 // 16 and all(t.params.head_dim == 16 and t.params.rows == 16 for t in q)
+    assert p.meta["rope_rows"]["rows"] == 16 and len(p.meta["rope_rows"]["permuted"]) == 2 * spec.num_layers
+    whole = lower(spec, cfg_of(rope_rows=64), H100, kv_capacity=16)
+    assert "rope_rows" not in whole.meta
+    with pytest.raises(ValueError, match="whole heads"):  # RoPE in standalone per-head ops
+        lower(spec, cfg_of(rope_rows=16, fuse_rope_append=False), H100, kv_capacity=16)
+    with pytest.raises(ValueError, match="even divisor"):
+        lower(spec, cfg_of(rope_rows=24), H100, kv_capacity=16)
