@@ -177,3 +177,16 @@ def test_pack_program_tables():
         table = pk.buffer_table({b.id: 4096 * (i + 1) for i, b in enumerate(prog.buffers)})
         assert table["ptr"].tolist() == [4096 * (i + 1) for i in range(len(prog.buffers))]
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]
+
+
+def test_experiment_defines_parse_and_refuse(monkeypatch):
+    from amk.vm.loader import experiment_defines
+
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_SPIN_MAX_NS=512, AMK_ATTN_UNROLL=1")
+    assert experiment_defines() == {"AMK_SPIN_MAX_NS": 512, "AMK_ATTN_UNROLL": 1}
+    monkeypatch.setenv("AMK_VM_DEFINES", "")
+    assert experiment_defines() == {}
+    for bad in ("SPIN=1", "AMK_X=fast", "AMK_X", "AMK_X;rm=1"):
+        monkeypatch.setenv("AMK_VM_DEFINES", bad)
+        with pytest.raises(ValueError, match="AMK_VM_DEFINES"):
+            experiment_defines()

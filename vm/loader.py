@@ -27,6 +27,7 @@ spinning block polls. Either way the kernel exits, the VM resets its counters an
 from __future__ import annotations
 
 import ctypes
+import os
 import importlib
 import math
 import sys
@@ -50,6 +51,19 @@ from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 
 from amk.errors import AmkError
+
+
+def experiment_defines() -> dict[str, int]:
+    """Integer build defines from $AMK_VM_DEFINES ("AMK_SPIN_MAX_NS=1024,AMK_ATTN_UNROLL=1"), for
+    performance experiments on tunables that are not ScheduleConfig knobs (yet). Names must
+    start with AMK_; anything else is refused."""
+    out: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in os.environ.get("AMK_VM_DEFINES", "").split(","))):
+        name, _, value = item.partition("=")
+        if not name.startswith("AMK_") or not name.replace("_", "").isalnum() or not value.lstrip("-").isdigit():
+            raise ValueError(f"AMK_VM_DEFINES: {item!r} is not AMK_NAME=integer")
+        out[name] = int(value)
+    return out
 
 
 class VMError(AmkError, RuntimeError):
@@ -355,6 +369,7 @@ class CudaVM:
             for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q")):
                 if isinstance(vm_meta.get(knob), int):  # else the architecture's default
                     defines[define] = vm_meta[knob]
+            defines.update(experiment_defines())
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
                                              min_blocks=program.blocks_per_cu, defines=defines or None)
             self._check_launchable(rt)
