@@ -88,6 +88,12 @@ def _pow2(lo: int, hi: int) -> list[int]:
     return out
 
 
+# Fields with a Dim that the search does not move: explicit_queues (moved by _move_tasks), and
+# quant_unpack, which reaches every quantized GEMV's params.unpack but selects nothing yet (the
+# VMs have one unpack path per format), so a trial that changed it would measure noise.
+NOT_SEARCHED = ("explicit_queues", "quant_unpack")
+
+
 class SearchSpace:
     def __init__(self, target: GpuTarget, *, fixed: Optional[dict] = None, search_dtype: bool = False,
                  base: Optional[ScheduleConfig] = None):
@@ -127,7 +133,7 @@ class SearchSpace:
             # chiplet placement exists only on multi-XCD targets ('auto' is off elsewhere)
             Dim("xcd_placement", ("auto", False) if target.xcds > 1 else ("auto",), ordered=False),
         ]
-        self.dims = [d for d in dims if d.name not in self.fixed and d.name not in ("explicit_queues",)]
+        self.dims = [d for d in dims if d.name not in self.fixed and d.name not in NOT_SEARCHED]
         missing = set(ScheduleConfig.model_fields) - {d.name for d in dims} - {"explicit_queues"}
         assert not missing, f"search space misses ScheduleConfig fields {missing}"
 

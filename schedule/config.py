@@ -166,7 +166,8 @@ class ScheduleConfig(BaseModel):
     quant_unpack: int = Field(
         0, ge=0, le=3,
         description="VM knob: quantized-weight unpack strategy code written to every quantized "
-        "GEMV's params.unpack (semantics unchanged); needs quant != 'none'.",
+        "GEMV's params.unpack (semantics unchanged); needs quant != 'none'. Reserved: the CUDA "
+        "and HIP VMs have one unpack path per format and ignore it (autotune does not search it).",
     )
     dtype: Optional[ProgramDType] = Field(
         None,
