@@ -94,13 +94,15 @@ def tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
 
 def _allocate(total: int, mats: list["_Mat"]) -> list[int]:
     """Share `total` row slabs among a stage's matrices in proportion to their bytes (each
-    >= 1 and <= its whole-unit cap), then give back slabs that cannot shorten the stage:
-    it lasts as long as its largest task, so no matrix needs tasks smaller than that."""
+    >= 1 and <= its whole-unit cap; a one-unit-per-slab matrix gets its cap first), then give
+    back slabs that cannot shorten the stage: it lasts as long as its largest task, so no
+    matrix needs tasks smaller than that."""
     weights = [m.rows * m.k * m.width for m in mats]
     caps = [m.rows // m.gran for m in mats]
-    alloc = [1] * len(mats)
+    fixed = [m.one_unit_per_slab for m in mats]  # exactly one unit (gran rows) per slab
+    alloc = [caps[i] if fixed[i] else 1 for i in range(len(mats))]
     wsum = sum(weights)
-    for _ in range(max(0, total - len(mats))):
+    for _ in range(max(0, total - sum(alloc))):
         open_ = [i for i in range(len(mats)) if alloc[i] < caps[i]]
         if not open_:
             break
@@ -111,9 +113,14 @@ def _allocate(total: int, mats: list["_Mat"]) -> list[int]:
         m = mats[i]
         return -(-caps[i] // a) * m.gran * m.k * m.width
 
+    if any(fixed):  # more one-unit slabs than the budget: the others still no larger than them
+        unit = max(task_bytes(i, caps[i]) for i in range(len(mats)) if fixed[i])
+        for i in range(len(mats)):
+            while alloc[i] < caps[i] and task_bytes(i, alloc[i]) > unit:
+                alloc[i] += 1
     worst = max(task_bytes(i, a) for i, a in enumerate(alloc))
     for i in range(len(mats)):
-        while alloc[i] > 1 and task_bytes(i, alloc[i] - 1) <= worst:
+        while not fixed[i] and alloc[i] > 1 and task_bytes(i, alloc[i] - 1) <= worst:
             alloc[i] -= 1
     return alloc
 
@@ -292,7 +299,7 @@ class _Lowering:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
         when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any."""
         cfg = self.cfg
-        counts = [m.rows // m.gran if m.one_unit_per_slab else n for m, n in zip(mats, _allocate(self.slabs, mats))]
+        counts = _allocate(self.slabs, mats)
         sk = cfg.split_k
         eps = self.spec.rms_norm_eps if norm is not None else None
         partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []

@@ -588,6 +588,10 @@ def test_rope_rows_lowering_and_refusals():
     q = [t for t in p.tasks if t.name.startswith("layers.0.qkv.q[")]
     assert len(q) == 4 * 64 // 16 and all(t.params.head_dim == 16 and t.params.rows == 16 for t in q)
     assert p.meta["rope_rows"]["rows"] == 16 and len(p.meta["rope_rows"]["permuted"]) == 2 * spec.num_layers
+    for r, queues in ((16, None), (8, 6)):  # v slabs no larger than the q/k runs, even past the budget
+        pr = lower(spec, cfg_of(rope_rows=r, **({"max_queues": queues} if queues else {})), H100, kv_capacity=16)
+        v = [t.params.rows for t in pr.tasks if t.name.startswith("layers.0.qkv.v[")]
+        assert sum(v) == spec.num_kv_heads * spec.head_dim and max(v) <= r
     whole = lower(spec, cfg_of(rope_rows=64), H100, kv_capacity=16)
     assert "rope_rows" not in whole.meta
     with pytest.raises(ValueError, match="whole heads"):  # RoPE in standalone per-head ops
