@@ -43,6 +43,7 @@ baselines (host timers): for tests of the harness only, never for results.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -58,6 +59,7 @@ from amk.eval import roofline
 from amk.eval.baselines import DEFAULT_GPU_BASELINES, FP32_REFERENCE, make_runner, optional_engines
 from amk.eval.provenance import git_commit
 from amk.schedule.rope_rows import in_hf_order, permute_k_history
+from amk.vm.loader import experiment_defines
 
 GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # half: only for fallback comparisons
 HALF = ("bfloat16", "float16")  # gated by eval/tolerance.py against an fp32 reference
@@ -643,9 +645,16 @@ def run_bench(o: BenchOptions, log=print) -> dict:
                    "timer": "cuda events, stream held by a spin kernel during enqueue" if cuda else "perf_counter",
                    "order": "interleaved rounds, order rotated each round", "seed": o.seed},
         "setup_s": setup_s, "git_commit": git_commit(),  # $AMK_GIT_COMMIT on a machine without .git
-        "command": o.command or " ".join(shlex.quote(a) for a in sys.argv),
+        "command": _with_vm_defines(o.command or " ".join(shlex.quote(a) for a in sys.argv)),
+        "vm_defines": experiment_defines(),  # $AMK_VM_DEFINES build overrides ({} normally)
         "versions": _versions(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _with_vm_defines(command: str) -> str:
+    """The command as run: an $AMK_VM_DEFINES experiment changes the kernel, so it is part of it."""
+    env = os.environ.get("AMK_VM_DEFINES", "").strip()
+    return f"AMK_VM_DEFINES={shlex.quote(env)} {command}" if env else command
 
 
 # ------------------------------------------------------------------------------- output

@@ -73,15 +73,13 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
 AMK_DEVICE float amk_v16_get(const amk_u32x4& v, int j, int dt) {
   if (dt == AMK_DTYPE_F32) return __uint_as_float(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w);
   const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
-  const unsigned short h = (unsigned short)(j & 1 ? u >> 16 : u & 0xffffu);
-  return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+  return amk_half_to_f32(dt, (unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
 }
 
 // One element of a KV row (F32, BF16 or F16).
 AMK_DEVICE float amk_kv_elem(const AmkKvRows& r, amk_i64 e) {
   if (r.bytes == 4) return ((const float*)r.b->ptr)[e];
-  const unsigned short h = ((const unsigned short*)r.b->ptr)[e];
-  return r.dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+  return amk_half_to_f32(r.dt, ((const unsigned short*)r.b->ptr)[e]);
 }
 
 // This lane's AMK_KV_LANE floats of row j (zeros outside the row, or for j < 0); float x is

@@ -71,6 +71,12 @@ AMK_DEVICE int amk_dtype_bits(int dt) {
   return dt == AMK_DTYPE_U4 ? 4 : dt == AMK_DTYPE_I8 ? 8 : (dt == AMK_DTYPE_F16 || dt == AMK_DTYPE_BF16) ? 16 : 32;
 }
 
+// A 16-bit float of dtype dt (BF16, else F16) as fp32: the one runtime-dtype conversion the
+// ops share (KV rows, quantization scales); typed code uses amk_load_as / AmkWFmt.
+AMK_DEVICE float amk_half_to_f32(int dt, unsigned short h) {
+  return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+}
+
 // Element i of a buffer as fp32. Cases for dtypes this build does not compile are left out
 // (AMK_DTYPES: the loader includes every dtype the program has), so a specialized build's
 // switch is a branch or two rather than a jump table.

@@ -150,9 +150,7 @@ struct AmkQRow {
     return dt == AMK_DTYPE_F32 ? ((const unsigned*)p)[g] : ((const unsigned short*)p)[g];
   }
   AMK_DEVICE float value(unsigned r) const {
-    return dt == AMK_DTYPE_F32    ? __uint_as_float(r)
-           : dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32((unsigned short)r)
-                                  : amk_f16_to_f32((unsigned short)r);
+    return dt == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dt, (unsigned short)r);
   }
 };
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {

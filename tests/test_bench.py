@@ -387,3 +387,12 @@ def test_gpu_run_bench_tiny(tmp_path):
                         steps=5, warmup=2, check_steps=2, command="test")
     row = run_bench(opts, log=lambda m: None)
     assert row["correctness"]["passed"] and row["variants"]["megakernel"]["n"] == 5
+
+
+def test_vm_define_experiments_are_part_of_the_recorded_command(monkeypatch):
+    from amk.eval.bench import _with_vm_defines
+
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    assert _with_vm_defines("amk bench x") == "amk bench x"
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_SPIN_MAX_NS=512")
+    assert _with_vm_defines("amk bench x") == "AMK_VM_DEFINES=AMK_SPIN_MAX_NS=512 amk bench x"

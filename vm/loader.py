@@ -27,9 +27,9 @@ spinning block polls. Either way the kernel exits, the VM resets its counters an
 from __future__ import annotations
 
 import ctypes
-import os
 import importlib
 import math
+import os
 import sys
 import time
 from typing import Optional
@@ -51,6 +51,9 @@ from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 
 from amk.errors import AmkError
+
+
+XSUM_CHUNK = 32  # columns per U4 x-sum in the GEMV's shared memory (instructions/gemv.cuh AMK_XSUM_CHUNK)
 
 
 def experiment_defines() -> dict[str, int]:
@@ -181,7 +184,7 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
         k = p.k_hi - p.k_lo
-        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // 32)  # .. | xsums (U4 zero term)
+        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK)  # .. | xsums (U4 zero term)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
