@@ -16,16 +16,15 @@ Frozen: a change here needs a new soundness campaign (`amk fuzz`).
 
 from __future__ import annotations
 
-import enum
 import gc
 import hashlib
-from typing import Any
+from typing import Any, Optional
 
-import numpy as np
-
+import pydantic_core
 from pydantic import ValidationError
 
 from amk.schedule import ir
+from amk.schedule.compact import CompactProgram, compact, expand
 from amk.schedule.validator import fast
 from amk.schedule.validator.form import check_buffers, check_program_header, check_tasks
 from amk.schedule.validator.order import Order
@@ -34,33 +33,48 @@ from amk.schedule.validator.report import CHECK_GROUPS, Report
 from amk.schedule.validator.scope import check_scopes
 
 CHECKS = sorted(CHECK_GROUPS)
-_FAST = fast.COVERED == frozenset(CHECK_GROUPS)  # the fast path decides every check there is
+_FAST = fast.AVAILABLE and fast.COVERED == frozenset(CHECK_GROUPS)  # the fast path decides every check there is
 
 
 def validate(program: Any) -> ir.ValidationResult:
-    """Certify `program` (a Program, a dict, or JSON text/bytes) or list why not."""
+    """Certify `program` (a Program, its CompactProgram, a dict, or JSON text/bytes) or list why not."""
     rep = Report()
     gc_was_on = gc.isenabled()
     gc.disable()  # the analysis allocates many small objects over a large object graph; GC passes cost seconds
     try:
         prog = _parse(program, rep)
         if prog is None:
-            return _result(rep, None, 0)
-        passed = _fast_path(prog)
-        if passed is not None:
-            return _result(rep, prog, *passed)
-        pairs, table = _run_checks(prog, rep)
-        return _result(rep, prog, pairs, table)
+            return _rejected(rep)
+        cp = prog if isinstance(prog, CompactProgram) else compact(prog)
+        pairs = _fast_path(cp)
+        if pairs is not None:
+            return _accepted(cp, pairs)
+        if isinstance(prog, CompactProgram):  # the explaining path reads objects; hash what it judged
+            prog = expand(prog)
+            cp = compact(prog)
+        pairs = _run_checks(prog, rep)
+        if not rep.ok:
+            return _rejected(rep)
+        if cp is None:  # (the explaining path rejects every program without a compact form)
+            raise ValueError("an accepted program has no compact form")
+        return _accepted(cp, pairs)
     except Exception as exc:  # fail closed: a validator bug must never accept or crash
         rep.add("schema", f"the validator could not analyse this input ({type(exc).__name__}: {str(exc)[:200]}).")
-        return _result(rep, None, 0)
+        return _rejected(rep)
     finally:
         if gc_was_on:
             gc.enable()
 
 
+def fast_path_on() -> bool:
+    """Whether validate() decides accepted programs on the compiled fast path (numba is
+    installed); without it every program goes through the explaining path: same verdicts,
+    slower."""
+    return _FAST
+
+
 def _parse(program: Any, rep: Report):
-    if isinstance(program, ir.Program):
+    if isinstance(program, (ir.Program, CompactProgram)):
         return program
     try:
         if isinstance(program, (str, bytes, bytearray)):
@@ -76,19 +90,19 @@ def _parse(program: Any, rep: Report):
     return None
 
 
-def _fast_path(prog: ir.Program):
-    """(ordering checks made, tables) if the fast path shows `prog` passes every check, else
-    None (then `_run_checks` decides)."""
-    if not _FAST:
+def _fast_path(cp: Optional[CompactProgram]) -> Optional[int]:
+    """The ordering checks made if the fast path shows `cp` passes every check, else None
+    (then `_run_checks` decides)."""
+    if not _FAST or cp is None:
         return None
     try:
-        return fast.verify(prog)
+        return fast.verify(cp)
     except Exception:  # anything unexpected: the explaining path decides (and fails closed)
         return None
 
 
-def _run_checks(prog: ir.Program, rep: Report):
-    """All checks, each violation named; returns (ordering checks made, the operand table)."""
+def _run_checks(prog: ir.Program, rep: Report) -> int:
+    """All checks, each violation named; returns the ordering checks made."""
     check_program_header(prog, rep)
     check_buffers(prog, rep)
     table = check_tasks(prog, rep)
@@ -97,36 +111,38 @@ def _run_checks(prog: ir.Program, rep: Report):
     acc = Accesses(prog, table)
     check_tiles(prog, acc, rep)
     if not order.check_acyclic(rep):
-        return 0, table  # happens-before is undefined on a cyclic graph; the cycle is the verdict
+        return 0  # happens-before is undefined on a cyclic graph; the cycle is the verdict
     if (order.queue_of < 0).any():
-        return 0, table  # a task that never runs has no place in happens-before
+        return 0  # a task that never runs has no place in happens-before
     order.compute_clocks()
-    return check_races(prog, order, acc, rep), table
+    return check_races(prog, order, acc, rep)
 
 
-def program_hash(prog: ir.Program, table=None) -> str:
-    """SHA-256 of the whole program: everything but the tasks as JSON, the distinct params,
-    the task names, then every task's params index, counter and waits and every operand as
-    integer tables. Same program, same hash (and cheap: no per-task JSON)."""
-    if table is None:
-        table = check_tasks(prog, Report())
+def program_hash(program) -> str:
+    """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
+    fields but the tasks and queues as JSON, the distinct params as JSON, the task names, then
+    every integer column of the compact form. Same program, same hash (and cheap: no
+    per-task JSON)."""
+    cp = program if isinstance(program, CompactProgram) else compact(program)
+    if cp is None:
+        raise ValueError("a program whose task ids are not 0..n-1 has no hash")
     h = hashlib.sha256()
-    h.update(prog.model_dump_json(exclude={"tasks"}).encode())
-    h.update(repr([tuple(int(v) if isinstance(v, enum.IntEnum) else v for v in p) for p in table.params]).encode())
-    names = getattr(table, "names", None)
-    h.update("\x00".join(names if names is not None else [t.name for t in prog.tasks]).encode())
-    for part in (table.task_rows, table.wait_rows, table.array[:, :9]):  # the rule id column is derived
-        h.update(np.ascontiguousarray(part).tobytes())
+    h.update(pydantic_core.to_json(cp.header))
+    h.update(pydantic_core.to_json(cp.params))
+    h.update("\x00".join(cp.names).encode())
+    for column in cp.arrays():
+        h.update(len(column).to_bytes(8, "little"))
+        h.update(column.tobytes())
     return h.hexdigest()
 
 
-def _result(rep: Report, prog, pairs: int, table=None) -> ir.ValidationResult:
-    if not rep.ok or prog is None:
-        return ir.ValidationResult(accepted=False, violations=rep.violations)
+def _rejected(rep: Report) -> ir.ValidationResult:
+    return ir.ValidationResult(accepted=False, violations=rep.violations)
+
+
+def _accepted(cp: CompactProgram, pairs: int) -> ir.ValidationResult:
     cert = ir.Certificate(
-        program_hash=program_hash(prog, table), checks=CHECKS, tasks=len(prog.tasks), buffers=len(prog.buffers),
-        counters=len(prog.counters), queues=len(prog.queues),
-        waits=len(table.wait_rows) if table is not None else sum(len(t.waits) for t in prog.tasks),
-        conflicting_pairs_checked=pairs,
+        program_hash=program_hash(cp), checks=CHECKS, tasks=cp.num_tasks, buffers=len(cp.buffers),
+        counters=len(cp.counters), queues=cp.num_queues, waits=cp.num_waits, conflicting_pairs_checked=pairs,
     )
     return ir.ValidationResult(accepted=True, certificate=cert)

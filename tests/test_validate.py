@@ -13,6 +13,7 @@ from amk.eval.synthetic import layered_program
 from amk.schedule import ir, validate as V
 from amk.schedule.ir import BufferKind as K, DType as D
 from amk.schedule.validate import validate
+from amk.schedule.compact import compact
 from amk.schedule.validator import fast
 from amk.schedule.validator.report import CHECK_GROUPS, Report
 
@@ -355,21 +356,22 @@ def _explained(prog: ir.Program):
     """The explaining path alone (None where it raises: validate() then rejects, fail closed)."""
     rep = Report()
     try:
-        pairs, table = V._run_checks(prog, rep)
+        pairs = V._run_checks(prog, rep)
+        return V._accepted(compact(prog), pairs) if rep.ok else V._rejected(rep)
     except Exception:
         return None
-    return V._result(rep, prog, pairs, table)
 
 
 def _fast_only(prog: ir.Program):
-    got = fast.verify(prog)
-    return None if got is None else V._result(Report(), prog, *got)
+    cp = compact(prog)
+    got = None if cp is None else fast.verify(cp)
+    return None if got is None else V._accepted(cp, got)
 
 
 def _agree(prog: ir.Program) -> bool:
     """Both paths on `prog`: the fast path certifies exactly what the explaining path
-    accepts, with the same certificate; validate() answers as the explaining path does.
-    Returns the verdict."""
+    accepts, with the same certificate; validate() answers as the explaining path does,
+    given the Program or its compact form. Returns the verdict."""
     slow = _explained(prog)
     quick = _fast_only(prog)
     if slow is None:
@@ -380,6 +382,9 @@ def _agree(prog: ir.Program) -> bool:
     else:
         assert quick is None, [v.check for v in slow.violations]
     assert validate(prog).model_dump() == slow.model_dump()
+    cp = compact(prog)
+    if cp is not None:
+        assert validate(cp).model_dump() == slow.model_dump()
     return slow.accepted
 
 
@@ -387,16 +392,8 @@ def test_fast_path_covers_every_check():
     assert fast.COVERED == frozenset(CHECK_GROUPS) and V._FAST
 
 
-@pytest.fixture(params=["bitsets", "clocks"])
-def hb_path(request, monkeypatch):
-    """Happens-before as Python-int bitsets (small programs) or vector clocks (large)."""
-    if request.param == "clocks":
-        monkeypatch.setattr(fast, "BITSET_MAX_TASKS", 0)
-    return request.param
-
-
 @pytest.mark.parametrize("check", sorted(MUTANTS))
-def test_paths_agree_on_every_mutant(base, check, hb_path):
+def test_paths_agree_on_every_mutant(base, check):
     d = copy.deepcopy(base)
     MUTANTS[check](d)
     assert not _agree(ir.Program.model_validate(d))
@@ -416,13 +413,13 @@ def _renumbered(prog: ir.Program, seed: int) -> ir.Program:
 
 
 @pytest.mark.parametrize("layers,width,hidden", [(1, 1, 32), (2, 4, 64), (4, 36, 1152)])
-def test_paths_agree_on_accepted_programs(layers, width, hidden, hb_path):
+def test_paths_agree_on_accepted_programs(layers, width, hidden):
     prog = layered_program(layers=layers, width=width, hidden=hidden)
     assert _agree(prog) and _agree(_kv_program())
     assert _agree(_renumbered(prog, seed=layers))  # topological order by Kahn's levels, not task ids
 
 
-def test_paths_agree_on_fuzz_schedules(hb_path):
+def test_paths_agree_on_fuzz_schedules():
     """Every class of the soundness campaign (real lowerings, random programs, one mutant
     per injected defect), a few schedules each."""
     from amk.eval import fuzz
@@ -440,7 +437,7 @@ def test_paths_agree_on_fuzz_schedules(hb_path):
     assert verdicts == {True, False}
 
 
-def test_paths_agree_on_xcd_scoped_counters(base, hb_path):
+def test_paths_agree_on_xcd_scoped_counters(base):
     d = copy.deepcopy(base)
     _mut_scope(d)
     d["target"]["xcds"] = 1  # XCD scope inside one XCD: accepted, through the scope rule of both paths

@@ -8,8 +8,7 @@ its operand must look like (length, count, stride, buffer kinds and dtypes, KV m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -29,9 +28,9 @@ KV = frozenset({K.KV_CACHE})
 SCALAR_SRC = frozenset({K.IO_INPUT, K.ACTIVATION})
 
 
-@dataclass(frozen=True)
-class Rule:  # kinds/dtypes hold IntEnum members, which hash and compare as their int codes
-    """What one operand of one role must be. None means 'not constrained here'."""
+class Rule(NamedTuple):  # kinds/dtypes hold IntEnum members, which hash and compare as their int codes
+    """What one operand of one role must be. None means 'not constrained here'. (A named
+    tuple: the fast path derives every distinct op's rules on each call, so they must be cheap.)"""
 
     kinds: frozenset
     dtypes: frozenset
@@ -125,18 +124,9 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
     if p.epilogue == Epilogue.SILU_MUL:
         need(not p.has_bias, "SILU_MUL takes no bias")
     y_rule = Rule(KV, FLOAT, length=p.rows, kv=KvMode.APPEND) if p.epilogue in APPEND_EPILOGUES else Rule(WRITABLE, FLOAT, length=p.rows)
-    extras = {
-        "bias": Rule(IMMUTABLE, FLOAT, length=p.rows),
-        "residual": Rule(READABLE, FLOAT, length=p.rows),
-        "head_gamma": Rule(IMMUTABLE, FLOAT, length=p.head_dim),
-        "inv_freq": Rule(IMMUTABLE, FLOAT, length=p.head_dim // 2),
-        "pos": Rule(SCALAR_SRC, INT, length=1),
-    }
     if not is_gemv:  # REDUCE: partials, then the epilogue extras
-        roles = input_roles(p)
         part = Rule(WRITABLE, frozenset({D.F32}), length=p.rows * m, count=p.split_k)
-        ins = [part if r == "partials" else extras[r] for r in roles]
-        return ins, [y_rule]
+        return [part if r == "partials" else _epilogue_rule(p, r) for r in input_roles(p)], [y_rule]
     need(p.k >= 1 and 0 <= p.k_lo < p.k_hi <= p.k, "need 0 <= k_lo < k_hi <= k")
     if p.split_k == 1:
         need(p.k_lo == 0 and p.k_hi == p.k, "without split-K a task covers all of K")
@@ -144,27 +134,45 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(_pos_finite(p.norm_eps), "norm_eps must be positive and finite")
     span = p.k_hi - p.k_lo
     wdtype = w_buf.dtype if w_buf is not None else D.F32
-    roles = input_roles(p, wdtype)
     group = (w_buf.group or 0) if w_buf is not None else 0
     quant = wdtype in QUANT
     if quant:
         need(group >= 1 and p.k_lo % group == 0 and span % group == 0, "a quantized K slice must align to the group size")
-    gk = p.k // group if quant and group else 0
-    rules = {
-        "w": _weight_rule(p, p.rows, span),
-        "w2": _weight_rule(p, p.rows, span),
-        "x": Rule(READABLE, FLOAT, length=p.k if p.norm_eps is not None else span),
-        "gamma": Rule(IMMUTABLE, FLOAT, length=p.k),
-    }
-    if quant and group:
-        qr = Rule(IMMUTABLE, FLOAT, length=span // group, count=p.rows, stride=gk)
-        for role in ("w_scale", "w_zero", "w2_scale", "w2_zero"):
-            rules[role] = qr
-    rules.update(extras)
-    ins = [rules.get(r, Rule(frozenset(), frozenset())) for r in roles]
+    ins = []
+    for role in input_roles(p, wdtype):  # each role's rule built only where the task has the role
+        if role in ("w", "w2"):
+            ins.append(_weight_rule(p, p.rows, span))
+        elif role == "x":
+            ins.append(Rule(READABLE, FLOAT, length=p.k if p.norm_eps is not None else span))
+        elif role == "gamma":
+            ins.append(Rule(IMMUTABLE, FLOAT, length=p.k))
+        elif role in _QUANT_COMPANIONS:
+            ins.append(Rule(IMMUTABLE, FLOAT, length=span // group, count=p.rows, stride=p.k // group)
+                       if quant and group else _NOTHING)
+        else:
+            ins.append(_epilogue_rule(p, role))
     if p.split_k > 1:
         return ins, [Rule(WRITABLE, frozenset({D.F32}), length=p.rows * m)]
     return ins, [y_rule]
+
+
+_QUANT_COMPANIONS = frozenset({"w_scale", "w_zero", "w2_scale", "w2_zero"})
+_NOTHING = Rule(frozenset(), frozenset())  # a role no operand can fill
+
+
+def _epilogue_rule(p, role: str) -> Rule:
+    """The rule of a GEMV/REDUCE epilogue operand."""
+    if role == "bias":
+        return Rule(IMMUTABLE, FLOAT, length=p.rows)
+    if role == "residual":
+        return Rule(READABLE, FLOAT, length=p.rows)
+    if role == "head_gamma":
+        return Rule(IMMUTABLE, FLOAT, length=p.head_dim)
+    if role == "inv_freq":
+        return Rule(IMMUTABLE, FLOAT, length=p.head_dim // 2)
+    if role == "pos":
+        return Rule(SCALAR_SRC, INT, length=1)
+    return _NOTHING
 
 
 def _pos_finite(v) -> bool:
@@ -254,18 +262,14 @@ def _check_quant_buffer(b: ir.Buffer, prog: ir.Program, nb: int, rep: Report) ->
 
 class OperandTable:
     """Every operand of every task as flat int64 columns (one row per operand), built in the
-    one pass over the tasks that the validator makes; the race analysis and the program
-    digest reuse it. `sane[t]` says whether task t's references resolve."""
+    explaining path's one pass over the tasks; the race analysis reuses it. `sane[t]` says
+    whether task t's references resolve."""
 
     COLUMNS = ("task", "slot", "write", "buf", "off", "len", "count", "stride", "kv", "rule")
 
-    def __init__(self, rows: list[tuple], sane: list[bool], rules: list[Rule], params: list[tuple],
-                 task_rows: list[tuple], wait_rows: list[tuple]):
+    def __init__(self, rows: list[tuple], sane: list[bool], rules: list[Rule]):
         self.sane = np.array(sane, dtype=bool)
         self.rules = rules
-        self.params = params  # the distinct (op, params values) of the program
-        self.task_rows = np.array(task_rows, dtype=np.int64).reshape(-1, 5)  # id, params index, out_counter, #in, #out
-        self.wait_rows = np.array(wait_rows, dtype=np.int64).reshape(-1, 3)  # task, counter, threshold
         self.ok = None  # per row: passed its rule (set by _check_operands)
         try:
             a = np.array(rows, dtype=np.int64).reshape(-1, len(self.COLUMNS))
@@ -286,17 +290,11 @@ def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
     rules: list[Rule] = []
     rows: list[tuple] = []
     sane_tasks = []
-    params_ids: dict[tuple, int] = {}
-    task_rows: list[tuple] = []
-    wait_rows: list[tuple] = []
     for task in prog.tasks:
         tid = task.id
         p = task.params
         ins_ops, outs_ops = task.inputs, task.outputs
         pkey = tuple(p.__dict__.values())
-        task_rows.append((tid, params_ids.setdefault(pkey, len(params_ids)), task.out_counter, len(ins_ops), len(outs_ops)))
-        for w in task.waits:
-            wait_rows.append((tid, w.counter, w.threshold))
         sane = 0 <= task.out_counter < nc
         if not sane:
             rep.add("reference", f"task {tid} signals counter {task.out_counter}, which does not exist.", tasks=[tid])
@@ -347,7 +345,7 @@ def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
         sane_tasks.append(True)
     rules = sorted(rule_ids, key=rule_ids.get)
     _check_aliasing(prog, rows, rep)
-    table = OperandTable(rows, sane_tasks, rules, sorted(params_ids, key=params_ids.get), task_rows, wait_rows)
+    table = OperandTable(rows, sane_tasks, rules)
     _check_operands(prog, table, rep)
     return table
 

@@ -1,0 +1,147 @@
+"""The compact form of a `Program`: its tasks as integer columns.
+
+A `Program` holds one pydantic object per task, operand and wait, which is the right form
+to write, read and edit, but reading a few hundred of them costs milliseconds in Python.
+`CompactProgram` is the same program with everything per-task in int64 arrays (plus the
+distinct params and the task names); the validator's fast path and the program digest
+read it, and anything that makes many programs (fuzzing, search) can build it directly.
+
+`compact(program)` and `expand(compact)` are exact inverses for programs whose ids are
+dense and in order (task i has id i, as `validate()` requires); `compact` returns None
+for any other program, which the validator's explaining path then rejects by name.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import chain, groupby
+from operator import itemgetter
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import BaseModel
+
+from amk.schedule import ir
+
+OPERAND_COLUMNS = ("buf", "off", "len", "count", "stride", "kv")
+_HEADER = ("version", "name", "target", "threads_per_block", "blocks_per_cu", "kv_capacity", "buffers", "counters", "meta")
+_FIELDS = BaseModel.__dict__["__dict__"].__get__  # a model's field dict, without the __getattr__ hook
+_TASK = itemgetter("id", "params", "inputs", "outputs", "waits", "out_counter", "name")
+_OPERAND = itemgetter(*OPERAND_COLUMNS)
+_WAIT = itemgetter("counter", "threshold")
+
+
+@dataclass(frozen=True, eq=False)
+class CompactProgram:
+    """A Program with its tasks as columns. Task t's operands are rows
+    op_start[t] .. op_start[t] + n_in[t] + n_out[t] of `operands` (inputs first); its waits
+    are rows wait_start[t] .. wait_start[t] + n_wait[t] of `waits`; queue q is
+    `queue_tasks[queue_start[q] : queue_start[q] + queue_len[q]]`."""
+
+    header: dict[str, Any]  # the Program's fields but tasks and queues (pydantic objects)
+    params: list  # the distinct params models, in order of first use
+    params_keys: list[tuple]  # their field values (what makes two params equal)
+    names: list[str]  # task names
+    task_params: np.ndarray  # [nt] index into params
+    out_counter: np.ndarray  # [nt]
+    n_in: np.ndarray  # [nt]
+    n_out: np.ndarray  # [nt]
+    n_wait: np.ndarray  # [nt]
+    operands: np.ndarray  # [n_operands, 6]: OPERAND_COLUMNS
+    waits: np.ndarray  # [n_waits, 2]: counter, threshold
+    queue_len: np.ndarray  # [nq]
+    queue_tasks: np.ndarray  # [sum(queue_len)]
+
+    def __getattr__(self, name: str):  # header fields read like a Program's: cp.buffers, cp.target, ...
+        header = self.__dict__.get("header")
+        if header is not None and name in header:
+            return header[name]
+        raise AttributeError(name)
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.task_params)
+
+    @property
+    def num_queues(self) -> int:
+        return len(self.queue_len)
+
+    @property
+    def num_waits(self) -> int:
+        return len(self.waits)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """Every integer column, in the order the program digest hashes them."""
+        return (self.task_params, self.out_counter, self.n_in, self.n_out, self.n_wait, self.operands, self.waits,
+                self.queue_len, self.queue_tasks)
+
+
+def _ints(values: list) -> np.ndarray:
+    """Writable int64 array of a list of Python ints; raises on anything else (floats, > 64 bits)."""
+    return np.frombuffer(bytearray(struct.pack(f"={len(values)}q", *values)), dtype=np.int64)
+
+
+def compact(prog: ir.Program) -> Optional[CompactProgram]:
+    """The compact form of `prog`, or None if its task ids are not 0..n-1 in order or a
+    value does not fit in 64 bits."""
+    try:
+        return _compact(prog)
+    except (OverflowError, struct.error, TypeError):
+        return None
+
+
+def _compact(prog: ir.Program) -> Optional[CompactProgram]:
+    fields = _FIELDS(prog)
+    header = {k: fields[k] for k in _HEADER}
+    tasks = prog.tasks
+    if tasks:
+        ids, params, inputs, outputs, waits, outc, names = zip(*map(_TASK, map(_FIELDS, tasks)))
+    else:
+        ids = params = inputs = outputs = waits = outc = names = ()
+    if ids != tuple(range(len(tasks))):
+        return None
+    ops = chain.from_iterable(chain.from_iterable(zip(inputs, outputs)))
+    operands = _ints(list(chain.from_iterable(map(_OPERAND, map(_FIELDS, ops))))).reshape(-1, len(OPERAND_COLUMNS))
+    wv = _ints(list(chain.from_iterable(map(_WAIT, map(_FIELDS, chain.from_iterable(waits)))))).reshape(-1, 2)
+    # distinct params in order of first use; runs of equal params (the usual case) hashed once
+    keys = list(map(tuple, map(dict.values, map(_FIELDS, params))))
+    index: dict = {}
+    distinct: list = []
+    run_ids, run_lens = [], []
+    at = 0
+    for key, run in groupby(keys):
+        i = index.setdefault(key, len(index))
+        if i == len(distinct):
+            distinct.append(params[at])
+        n = len(list(run))
+        run_ids.append(i)
+        run_lens.append(n)
+        at += n
+    return CompactProgram(
+        header=header, params=distinct, params_keys=list(index), names=list(names),
+        task_params=np.repeat(np.array(run_ids, dtype=np.int64), run_lens),
+        out_counter=_ints(list(outc)), n_in=_ints(list(map(len, inputs))), n_out=_ints(list(map(len, outputs))),
+        n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,
+        queue_len=_ints(list(map(len, prog.queues))), queue_tasks=_ints(list(chain.from_iterable(prog.queues))),
+    )
+
+
+def expand(cp: CompactProgram) -> ir.Program:
+    """The Program that `cp` is the compact form of."""
+    op_end = np.cumsum(cp.n_in + cp.n_out).tolist()
+    w_end = np.cumsum(cp.n_wait).tolist()
+    operands = [ir.Operand(buf=b, off=o, len=n, count=c, stride=s, kv=k) for b, o, n, c, s, k in cp.operands.tolist()]
+    waits = [ir.Wait(counter=c, threshold=t) for c, t in cp.waits.tolist()]
+    tasks = []
+    o0 = w0 = 0
+    for t, (pi, out, nin, o1, w1) in enumerate(zip(cp.task_params.tolist(), cp.out_counter.tolist(), cp.n_in.tolist(),
+                                                    op_end, w_end)):
+        tasks.append(ir.Task(id=t, params=cp.params[pi], inputs=operands[o0:o0 + nin], outputs=operands[o0 + nin:o1],
+                             waits=waits[w0:w1], out_counter=out, name=cp.names[t]))
+        o0, w0 = o1, w1
+    q_end = np.cumsum(cp.queue_len).tolist()
+    flat = cp.queue_tasks.tolist()
+    queues = [flat[a - n:a] for a, n in zip(q_end, cp.queue_len.tolist())]
+    return ir.Program.model_construct(**cp.header, tasks=tasks, queues=queues)
+

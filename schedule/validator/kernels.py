@@ -1,0 +1,506 @@
+"""The fast path's compiled checks (numba), over a `CompactProgram`'s integer columns.
+
+Each function decides some of the checks for a program that passes them and returns a
+negative `REJECT_*` code at the first failure (`fast.verify` then hands the program to the
+explaining path, which names every violation). Nothing here explains anything.
+
+Numba does not bounds-check: every index read from the program (buffer, counter, task,
+slot) is range-checked before it is used as one. The functions are plain Python when numba
+is missing (`AVAILABLE` is then False and `validate()` does not use them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # numba compiles these on first use and caches the machine code next to this file
+    import numba
+
+    jit = numba.njit(cache=True, nogil=True)
+    inline = numba.njit(cache=True, nogil=True, inline="always")  # helpers: no call (and array refcount) per use
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - the GPU image has no numba; validate() then explains every program
+    def jit(f):
+        return f
+
+    inline = jit
+
+    AVAILABLE = False
+
+# why a program was handed to the explaining path (negative: counts are >= 0)
+REJECT_CAPACITY, REJECT_REFERENCE, REJECT_ARITY, REJECT_OPERAND, REJECT_CONSISTENCY = -1, -2, -3, -4, -5
+REJECT_QUANT, REJECT_ALIAS, REJECT_WAIT, REJECT_QUEUE, REJECT_SCOPE = -6, -7, -8, -9, -10
+REJECT_TILE, REJECT_COMPLETE, REJECT_CYCLE, REJECT_RACE, REJECT_STALE = -11, -12, -13, -14, -15
+
+# columns of the per-buffer table
+B_KIND, B_DTYPE, B_EXTENT, B_GROUP, B_SCALE, B_ZERO, B_MUTABLE, B_OUTPUT, B_BASE = range(9)
+BUFFER_COLUMNS = 9
+# columns of the per-entry table (an entry: distinct params and weight dtype/group)
+(E_WANT_IN, E_WANT_OUT, E_OP, E_HIDDEN, E_COL, E_K, E_K_LO, E_QUANT,
+ E_SLOT_W, E_SLOT_W2, E_SLOT_W_SCALE, E_SLOT_W_ZERO, E_SLOT_W2_SCALE, E_SLOT_W2_ZERO) = range(14)
+ENTRY_COLUMNS = 14
+# columns of the rule table
+R_KINDS, R_DTYPES, R_KV, R_LEN, R_COUNT, R_STRIDE, R_OFF = range(7)
+OP_EMBED, OP_RMSNORM = 0, 1  # ir.Op codes that carry cross-operand rules
+
+
+@jit
+def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params, n_params, gemv_params, buf_variant,
+                 n_variants, nc, max_in, max_out, max_waits):
+    """Caps and references; then each task's entry (its params and, for a GEMV, its weight
+    buffer's dtype and group). Returns (code, operand start, entry per task, first task of
+    each entry, weight buffer per task)."""
+    nt = n_in.shape[0]
+    nb = buf_variant.shape[0]
+    op_start = np.empty(nt, np.int64)
+    entry = np.full(nt, -1, np.int64)
+    wbuf = np.full(nt, -1, np.int64)
+    first = np.empty(nt, np.int64)
+    ne = 0
+    at = 0
+    for t in range(nt):
+        if n_in[t] < 0 or n_out[t] < 0 or n_wait[t] < 0:
+            return REJECT_CAPACITY, op_start, entry, first[:0], wbuf
+        if n_in[t] > max_in or n_out[t] > max_out or n_wait[t] > max_waits:
+            return REJECT_CAPACITY, op_start, entry, first[:0], wbuf
+        op_start[t] = at
+        at += n_in[t] + n_out[t]
+    if at != operands.shape[0]:
+        return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+    for i in range(operands.shape[0]):
+        if operands[i, 0] < 0 or operands[i, 0] >= nb:
+            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+    for i in range(waits.shape[0]):
+        if waits[i, 0] < 0 or waits[i, 0] >= nc:
+            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+    slot_of = np.full(n_params * (n_variants + 1), -1, np.int64)
+    for t in range(nt):
+        if out_counter[t] < 0 or out_counter[t] >= nc:
+            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+        p = task_params[t]
+        if p < 0 or p >= n_params:
+            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+        v = 0
+        if gemv_params[p] and n_in[t] > 0:
+            wbuf[t] = operands[op_start[t], 0]
+            v = buf_variant[wbuf[t]] + 1
+        key = p * (n_variants + 1) + v
+        if slot_of[key] < 0:
+            slot_of[key] = ne
+            first[ne] = t
+            ne += 1
+        entry[t] = slot_of[key]
+    return 0, op_start, entry, first[:ne], wbuf
+
+
+@inline
+def _operand_ok(operands, i, rules, r, bufinfo):
+    buf, off, ln, count, stride, kv = operands[i, 0], operands[i, 1], operands[i, 2], operands[i, 3], operands[i, 4], operands[i, 5]
+    kind, dtype = bufinfo[buf, B_KIND], bufinfo[buf, B_DTYPE]
+    if (rules[r, R_KINDS] >> kind) & 1 == 0 or (rules[r, R_DTYPES] >> dtype) & 1 == 0 or kv != rules[r, R_KV]:
+        return False
+    if off < 0 or ln < 1 or count < 1 or stride < 0:
+        return False
+    if float(off) + float(count - 1) * float(stride) + float(ln) > float(bufinfo[buf, B_EXTENT]):  # float: no overflow
+        return False
+    if (rules[r, R_LEN] >= 0 and rules[r, R_LEN] != ln) or (rules[r, R_COUNT] >= 0 and rules[r, R_COUNT] != count):
+        return False
+    if rules[r, R_OFF] >= 0 and rules[r, R_OFF] != off:
+        return False
+    if count != 1 and not ((rules[r, R_STRIDE] < 0 or rules[r, R_STRIDE] == stride) and stride >= ln and kv == 0):
+        return False
+    return True
+
+
+@jit
+def check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in):
+    """Arity, every operand against its role's rule (kind, dtype, KV mode, shape, bounds),
+    the cross-operand rules (EMBED, RMSNORM, quantized companions) and self-aliasing."""
+    nt = n_in.shape[0]
+    for t in range(nt):
+        e = entry[t]
+        if n_in[t] != entinfo[e, E_WANT_IN] or n_out[t] != entinfo[e, E_WANT_OUT]:
+            return REJECT_ARITY
+        s0 = op_start[t]
+        for j in range(n_in[t] + n_out[t]):
+            slot = j if j < n_in[t] else max_in + j - n_in[t]
+            if not _operand_ok(operands, s0 + j, rules, slot_rule[e, slot], bufinfo):
+                return REJECT_OPERAND
+    # from here on every operand is in bounds, so region ends fit in int64
+    for t in range(nt):
+        e = entry[t]
+        s0 = op_start[t]
+        x = s0 + n_in[t]  # the first output
+        op = entinfo[e, E_OP]
+        if op == OP_EMBED:
+            table = s0 + 1
+            if operands[table, 2] != operands[x, 2] or operands[table, 1] + operands[table, 2] > entinfo[e, E_HIDDEN]:
+                return REJECT_CONSISTENCY
+        elif op == OP_RMSNORM:
+            if operands[s0 + 1, 2] != operands[x, 2] or entinfo[e, E_COL] + operands[x, 2] > entinfo[e, E_HIDDEN]:
+                return REJECT_CONSISTENCY
+        if entinfo[e, E_QUANT] and not _quant_ok(s0, entinfo, e, wbuf[t], operands, bufinfo):
+            return REJECT_QUANT
+        if not _no_self_alias(s0, n_in[t], n_out[t], e, operands, elementwise):
+            return REJECT_ALIAS
+    return 0
+
+
+@inline
+def _quant_ok(s0, ent, e, w_buf, operands, bufinfo):
+    """A quantized GEMV's scale/zero operands name its weight's own companions, at its rows."""
+    for prefix in range(2):
+        slot_w = ent[e, E_SLOT_W] if prefix == 0 else ent[e, E_SLOT_W2]
+        if slot_w < 0:
+            continue
+        w_op = s0 + slot_w
+        wb = operands[w_op, 0]
+        if bufinfo[wb, B_DTYPE] != bufinfo[w_buf, B_DTYPE] or bufinfo[wb, B_GROUP] != bufinfo[w_buf, B_GROUP]:
+            return False
+        group = bufinfo[wb, B_GROUP] if bufinfo[wb, B_GROUP] > 0 else 1
+        k = ent[e, E_K]
+        want_off = (operands[w_op, 1] // k) * (k // group) + ent[e, E_K_LO] // group
+        for comp in range(2):
+            if prefix == 0:
+                slot = ent[e, E_SLOT_W_SCALE] if comp == 0 else ent[e, E_SLOT_W_ZERO]
+            else:
+                slot = ent[e, E_SLOT_W2_SCALE] if comp == 0 else ent[e, E_SLOT_W2_ZERO]
+            if slot < 0:
+                continue
+            want_buf = bufinfo[wb, B_SCALE] if comp == 0 else bufinfo[wb, B_ZERO]
+            if operands[s0 + slot, 0] != want_buf or operands[s0 + slot, 1] != want_off:
+                return False
+    return True
+
+
+@inline
+def _no_self_alias(s0, nin, nout, e, operands, elementwise):
+    """No output overlaps one of the task's own inputs, except an elementwise operand
+    updated exactly in place."""
+    for r in range(s0 + nin, s0 + nin + nout):
+        for j in range(nin):
+            q = s0 + j
+            if operands[q, 0] != operands[r, 0]:
+                continue
+            same = True
+            for c in range(1, 6):
+                if operands[q, c] != operands[r, c]:
+                    same = False
+            if same and elementwise[e, j]:
+                continue
+            if operands[q, 5] != operands[r, 5] and (operands[q, 5] == 0 or operands[r, 5] == 0):
+                continue
+            hi_r = operands[r, 1] + (operands[r, 3] - 1) * operands[r, 4] + operands[r, 2]
+            hi_q = operands[q, 1] + (operands[q, 3] - 1) * operands[q, 4] + operands[q, 2]
+            if operands[r, 1] < hi_q and operands[q, 1] < hi_r:
+                return False
+    return True
+
+
+@jit
+def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, xcd_scoped, n_xcd):
+    """Thresholds (every wait a full join of >= 1 producers), no self-wait, no counter
+    waited on twice; every task in exactly one queue; the XCD scope rule. Returns (code,
+    queue of each task, position in it)."""
+    nt = n_wait.shape[0]
+    queue_of = np.full(nt, -1, np.int64)
+    pos = np.full(nt, -1, np.int64)
+    nprod = np.zeros(nc, np.int64)
+    for t in range(nt):
+        nprod[out_counter[t]] += 1
+    w0 = 0
+    for t in range(nt):
+        for i in range(w0, w0 + n_wait[t]):
+            c, thr = waits[i, 0], waits[i, 1]
+            if thr < 1 or thr != nprod[c] or c == out_counter[t]:
+                return REJECT_WAIT, queue_of, pos
+            for j in range(w0, i):
+                if waits[j, 0] == c:
+                    return REJECT_WAIT, queue_of, pos
+        w0 += n_wait[t]
+    if queue_tasks.shape[0] != nt:
+        return REJECT_QUEUE, queue_of, pos
+    at = 0
+    for q in range(queue_len.shape[0]):
+        if queue_len[q] < 0:
+            return REJECT_QUEUE, queue_of, pos
+        for k in range(queue_len[q]):
+            if at >= nt:
+                return REJECT_QUEUE, queue_of, pos
+            t = queue_tasks[at]
+            if t < 0 or t >= nt or queue_of[t] >= 0:
+                return REJECT_QUEUE, queue_of, pos
+            queue_of[t] = q
+            pos[t] = k
+            at += 1
+    if at != nt:
+        return REJECT_QUEUE, queue_of, pos
+    # scope: a task waiting on an XCD-scoped counter runs on the XCD of every producer
+    lo = np.full(nc, n_xcd, np.int64)
+    hi = np.full(nc, -1, np.int64)
+    for t in range(nt):
+        c = out_counter[t]
+        if xcd_scoped[c]:
+            x = queue_of[t] % n_xcd
+            lo[c] = min(lo[c], x)
+            hi[c] = max(hi[c], x)
+    w0 = 0
+    for t in range(nt):
+        x = queue_of[t] % n_xcd
+        for i in range(w0, w0 + n_wait[t]):
+            c = waits[i, 0]
+            if xcd_scoped[c] and hi[c] >= 0 and (x != lo[c] or x != hi[c]):
+                return REJECT_SCOPE, queue_of, pos
+        w0 += n_wait[t]
+    return 0, queue_of, pos
+
+
+@jit
+def accesses(op_start, n_in, n_out, operands, bufinfo):
+    """Every mutable-buffer access as an interval on one axis (each buffer its own range; a
+    KV cache by column): (task, buffer, lo, hi, write), in operand order."""
+    nt = n_in.shape[0]
+    n = 0
+    for i in range(operands.shape[0]):
+        if bufinfo[operands[i, 0], B_MUTABLE]:
+            n += operands[i, 3] if operands[i, 5] == 0 else 1
+    a_task = np.empty(n, np.int64)
+    a_buf = np.empty(n, np.int64)
+    a_lo = np.empty(n, np.int64)
+    a_hi = np.empty(n, np.int64)
+    a_write = np.empty(n, np.bool_)
+    k = 0
+    for t in range(nt):
+        s0 = op_start[t]
+        for j in range(n_in[t] + n_out[t]):
+            i = s0 + j
+            b = operands[i, 0]
+            if not bufinfo[b, B_MUTABLE]:
+                continue
+            reps = operands[i, 3] if operands[i, 5] == 0 else 1
+            off, ln, stride = operands[i, 1], operands[i, 2], operands[i, 4]
+            size, base = bufinfo[b, B_EXTENT], bufinfo[b, B_BASE]
+            for c in range(reps):
+                lo = min(max(off + c * stride, 0), size)
+                hi = min(max(off + c * stride + ln, 0), size)
+                if hi > lo:
+                    a_task[k], a_buf[k], a_lo[k], a_hi[k], a_write[k] = t, b, lo + base, hi + base, j >= n_in[t]
+                    k += 1
+    return a_task[:k], a_buf[:k], a_lo[:k], a_hi[:k], a_write[:k]
+
+
+@jit
+def check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb):
+    """The writers of one counter tile each buffer they write without overlap or gap;
+    every IO_OUTPUT buffer is written whole."""
+    w = np.flatnonzero(a_write)
+    task, buf, lo, hi = a_task[w], a_buf[w], a_lo[w], a_hi[w]
+    counter = out_counter[task]
+    srt = np.argsort(lo, kind="mergesort")
+    srt = srt[np.argsort((counter * nb + buf)[srt], kind="mergesort")]  # by (counter, buffer, lo), stably
+    for i in range(1, srt.shape[0]):
+        a, b = srt[i - 1], srt[i]
+        if counter[a] == counter[b] and buf[a] == buf[b] and task[a] != task[b] and lo[b] != hi[a]:
+            return REJECT_TILE
+    out = np.flatnonzero(bufinfo[buf, B_OUTPUT] != 0)
+    srt = out[np.argsort(lo[out], kind="mergesort")]
+    srt = srt[np.argsort(buf[srt], kind="mergesort")]
+    covered = np.zeros(nb, np.int64)
+    reach = -1
+    cur = -1
+    for i in srt:
+        if buf[i] != cur:
+            cur, reach = buf[i], -1
+        start = max(lo[i], reach)
+        if hi[i] > start:
+            covered[cur] += hi[i] - start
+        reach = max(reach, hi[i])
+    for b in range(nb):
+        if bufinfo[b, B_OUTPUT] and covered[b] < bufinfo[b, B_EXTENT]:
+            return REJECT_COMPLETE
+    return 0
+
+
+@jit
+def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, queue_of, pos):
+    """Kahn's algorithm over tasks and counters (producer -> counter -> waiter, and queue
+    order); the union graph must be acyclic. Returns (code, each task's rank in a linear
+    extension of happens-before, vector clocks): clock[t, q] is the highest position of
+    queue q that happens before (or is) task t."""
+    nt = out_counter.shape[0]
+    nq = queue_len.shape[0]
+    n = nt + nc
+    # successors (CSR): task -> its counter and its queue successor; counter -> its waiters
+    qnext = np.full(nt, -1, np.int64)
+    qprev = np.full(nt, nt, np.int64)
+    at = 0
+    for q in range(nq):
+        for k in range(queue_len[q] - 1):
+            qnext[queue_tasks[at + k]] = queue_tasks[at + k + 1]
+            qprev[queue_tasks[at + k + 1]] = queue_tasks[at + k]
+        at += queue_len[q]
+    w_start = np.empty(nt + 1, np.int64)
+    w_start[0] = 0
+    for t in range(nt):
+        w_start[t + 1] = w_start[t] + n_wait[t]
+    wait_deg = np.zeros(nc + 1, np.int64)
+    for i in range(waits.shape[0]):
+        wait_deg[waits[i, 0] + 1] += 1
+    c_ptr = np.cumsum(wait_deg)
+    waiters = np.empty(waits.shape[0], np.int64)
+    fill = c_ptr[:-1].copy()
+    indeg = np.zeros(n, np.int64)
+    for t in range(nt):
+        for i in range(w_start[t], w_start[t + 1]):
+            c = waits[i, 0]
+            waiters[fill[c]] = t
+            fill[c] += 1
+            indeg[t] += 1
+        indeg[nt + out_counter[t]] += 1
+        if qnext[t] >= 0:
+            indeg[qnext[t]] += 1
+    clock = np.full((nt + 1, max(nq, 1)), -1, np.int32)  # row nt: no queue predecessor
+    cclock = np.full((nc, max(nq, 1)), -1, np.int32)
+    rank = np.empty(nt, np.int64)
+    stack = np.empty(n, np.int64)
+    top = 0
+    for v in range(n):
+        if indeg[v] == 0:
+            stack[top] = v
+            top += 1
+    done = 0
+    r = 0
+    while top > 0:
+        top -= 1
+        v = stack[top]
+        done += 1
+        if v < nt:
+            t = v
+            p = qprev[t]
+            for q in range(nq):
+                clock[t, q] = clock[p, q]
+            for i in range(w_start[t], w_start[t + 1]):  # every wait is a full join (checked)
+                wc = waits[i, 0]
+                for q in range(nq):
+                    clock[t, q] = max(clock[t, q], cclock[wc, q])
+            clock[t, queue_of[t]] = pos[t]
+            c = out_counter[t]
+            for q in range(nq):
+                cclock[c, q] = max(cclock[c, q], clock[t, q])
+            rank[t] = r
+            r += 1
+            succ = (nt + c, qnext[t])
+            for s in succ:
+                if s >= 0:
+                    indeg[s] -= 1
+                    if indeg[s] == 0:
+                        stack[top] = s
+                        top += 1
+        else:
+            c = v - nt
+            for i in range(c_ptr[c], c_ptr[c + 1]):
+                s = waiters[i]
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    stack[top] = s
+                    top += 1
+    if done != n:
+        return REJECT_CYCLE, rank, clock
+    return 0, rank, clock
+
+
+@jit
+def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
+    """Every conflicting access pair ordered by happens-before, no read of what nothing
+    wrote earlier this step. Returns the ordering checks made (>= 0), or a REJECT code.
+
+    The axis is cut at every interval end; the accesses of each segment, taken in rank
+    order, must each come after the segment's previous writer, and each reader before the
+    next writer (the writers then form a chain that orders everything by transitivity).
+    A task's accesses of one segment count once (an in-place task reads and writes it)."""
+    n = a_lo.shape[0]
+    if n == 0:
+        return 0
+    ends = np.sort(np.concatenate((a_lo, a_hi)))
+    points = np.empty(ends.shape[0], np.int64)
+    nseg = 0
+    for i in range(ends.shape[0]):
+        if nseg == 0 or ends[i] != points[nseg - 1]:
+            points[nseg] = ends[i]
+            nseg += 1
+    points = points[:nseg]
+    s_lo = np.searchsorted(points, a_lo)
+    s_hi = np.searchsorted(points, a_hi)
+    # the intervals come grouped by task in task order; visit the groups in rank order
+    nt = rank.shape[0]
+    group_start = np.full(nt + 1, n, np.int64)
+    for i in range(n - 1, -1, -1):
+        group_start[a_task[i]] = i
+    for t in range(nt - 1, -1, -1):
+        group_start[t] = min(group_start[t], group_start[t + 1])
+    by_rank = np.empty(n, np.int64)
+    task_at = np.empty(nt, np.int64)
+    for t in range(nt):
+        task_at[rank[t]] = t
+    k = 0
+    for r in range(nt):
+        t = task_at[r]
+        for i in range(group_start[t], group_start[t + 1]):
+            by_rank[k] = i
+            k += 1
+    # per segment: the last writer's (queue, position), or queue -1; the readers since then,
+    # as (queue, position) in a linked list. Task a happens before task b iff
+    # clock[b, queue of a] >= position of a.
+    writer_q = np.full(nseg, -1, np.int64)
+    writer_pos = np.zeros(nseg, np.int64)
+    pending = np.full(nseg, -1, np.int64)
+    total = 0
+    for i in range(n):
+        total += s_hi[i] - s_lo[i]
+    pool_q = np.empty(total, np.int64)
+    pool_pos = np.empty(total, np.int64)
+    pool_next = np.empty(total, np.int64)
+    used = 0
+    stamp = np.full(nseg, -1, np.int64)
+    flags = np.zeros(nseg, np.int64)
+    touched = np.empty(nseg, np.int64)
+    checks = 0
+    i = 0
+    while i < n:
+        t = a_task[by_rank[i]]
+        m = 0
+        while i < n and a_task[by_rank[i]] == t:  # one task's intervals: merge them per segment
+            k = by_rank[i]
+            bit = 2 if a_write[k] else 1
+            for s in range(s_lo[k], s_hi[k]):
+                if stamp[s] != t:
+                    stamp[s] = t
+                    flags[s] = 0
+                    touched[m] = s
+                    m += 1
+                flags[s] |= bit
+            i += 1
+        row = clock[t]
+        tq, tpos = queue_of[t], pos[t]
+        for j in range(m):
+            s = touched[j]
+            if writer_q[s] >= 0:
+                if row[writer_q[s]] < writer_pos[s]:
+                    return REJECT_RACE
+                checks += 1
+            elif flags[s] & 1:
+                return REJECT_STALE
+            if flags[s] & 2:
+                p = pending[s]
+                while p >= 0:
+                    if row[pool_q[p]] < pool_pos[p]:
+                        return REJECT_RACE
+                    checks += 1
+                    p = pool_next[p]
+                pending[s] = -1
+                writer_q[s], writer_pos[s] = tq, tpos
+            else:
+                pool_q[used], pool_pos[used], pool_next[used] = tq, tpos, pending[s]
+                pending[s] = used
+                used += 1
+    return checks

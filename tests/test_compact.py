@@ -1,0 +1,128 @@
+"""The compact form of a Program (`schedule/compact.py`) and the validator on it: exact round
+trips, the same verdict and certificate as for the Program, and no crash (numba does not
+bounds-check) whatever the columns hold."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from amk.eval.synthetic import layered_program
+from amk.schedule import ir, validate as V
+from amk.schedule.compact import CompactProgram, compact, expand
+from amk.schedule.validate import validate
+from amk.schedule.validator import fast
+from amk.schedule.validator.report import Report
+
+
+def _real_programs():
+    from amk.eval import fuzz
+
+    out = []
+    for i in range(4 * len(fuzz.plan(fuzz.CLASSES))):
+        cls, prog, _ = fuzz.make_schedule(3, i, classes=(fuzz.REAL,))
+        if prog is not None:
+            out.append(prog)
+        if len(out) == 2:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs():
+    return [layered_program(layers=2, width=4, hidden=64), layered_program(layers=3, width=9, hidden=288)] + _real_programs()
+
+
+def test_round_trip_is_exact(programs):
+    for prog in programs:
+        cp = compact(prog)
+        assert cp is not None and cp.num_tasks == len(prog.tasks)
+        assert expand(cp) == prog
+        assert expand(cp).model_dump_json() == prog.model_dump_json()
+
+
+def test_equal_params_are_stored_once(programs):
+    prog = programs[1]
+    cp = compact(prog)
+    assert len(cp.params) == len({tuple(t.params.__dict__.values()) for t in prog.tasks}) < len(prog.tasks)
+    assert all(cp.params[i] == t.params for i, t in zip(cp.task_params.tolist(), prog.tasks))
+
+
+def test_no_compact_form_without_dense_task_ids(programs):
+    prog = programs[0]
+    shuffled = prog.model_copy(update={"tasks": [prog.tasks[1], prog.tasks[0]] + prog.tasks[2:]})
+    assert compact(shuffled) is None
+    res = validate(shuffled)
+    assert not res.accepted and "ids" in {v.check for v in res.violations}
+
+
+def test_validate_gives_the_same_certificate_for_both_forms(programs):
+    for prog in programs:
+        a, b = validate(prog), validate(compact(prog))
+        assert a.accepted and a.model_dump() == b.model_dump()
+        assert V.program_hash(prog) == V.program_hash(compact(prog)) == a.certificate.program_hash
+
+
+def test_hash_sees_every_column(programs):
+    prog = programs[0]
+    h = V.program_hash(prog)
+    cp = compact(prog)
+    for name in ("out_counter", "n_wait", "operands", "waits", "queue_tasks"):
+        col = getattr(cp, name).copy()
+        col.reshape(-1)[-1] += 1
+        assert V.program_hash(dataclasses.replace(cp, **{name: col})) != h, name
+    assert V.program_hash(dataclasses.replace(cp, names=["x"] + cp.names[1:])) != h
+
+
+def _rejected_without_crash(cp: CompactProgram) -> None:
+    res = validate(cp)
+    assert not res.accepted and res.violations
+
+
+def test_malformed_columns_are_rejected(programs):
+    cp = compact(programs[0])
+    bad = [
+        dataclasses.replace(cp, operands=cp.operands[:-1]),  # fewer operand rows than the tasks name
+        dataclasses.replace(cp, waits=cp.waits[:, :1].copy()),
+        dataclasses.replace(cp, queue_tasks=cp.queue_tasks[:-1]),
+        dataclasses.replace(cp, task_params=cp.task_params + len(cp.params)),  # params index out of range
+        dataclasses.replace(cp, names=cp.names[:-1]),
+    ]
+    for b in bad:
+        assert fast.verify(b) is None
+        _rejected_without_crash(b)
+    # other integer types: the fast path declines, the explaining path judges the same program
+    narrow = dataclasses.replace(cp, operands=cp.operands.astype(np.int32))
+    assert fast.verify(narrow) is None and validate(narrow).model_dump() == validate(cp).model_dump()
+
+
+# columns and the values a mutation may write: in range, just out of range, far out of range
+_COLUMNS = ("task_params", "out_counter", "n_in", "n_out", "n_wait", "operands", "waits", "queue_len", "queue_tasks")
+_VALUES = st.one_of(st.integers(-3, 70), st.sampled_from([-(1 << 62), (1 << 40), (1 << 62)]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.sampled_from(_COLUMNS), st.integers(0, 10**6), _VALUES), min_size=1, max_size=3))
+def test_mutated_columns_never_crash_and_never_fool_the_fast_path(edits):
+    """Arbitrary edits of the integer columns: validate() never raises (nor crashes the
+    process), and whatever the fast path certifies the explaining path accepts, with the
+    same certificate."""
+    cp = compact(layered_program(layers=2, width=3, hidden=48))
+    cols = {name: getattr(cp, name).copy() for name in _COLUMNS}
+    for name, at, value in edits:
+        flat = cols[name].reshape(-1)
+        if len(flat):
+            flat[at % len(flat)] = value
+    mutated = dataclasses.replace(cp, **cols)
+    res = validate(mutated)
+    quick = fast.verify(mutated)
+    if quick is None:
+        return
+    assert res.accepted
+    rep = Report()
+    prog = expand(mutated)
+    assert V._run_checks(prog, rep) == quick and rep.ok
+    assert res.model_dump() == validate(prog).model_dump()
