@@ -41,7 +41,6 @@ class CompactProgram:
 
     header: dict[str, Any]  # the Program's fields but tasks and queues (pydantic objects)
     params: list  # the distinct params models, in order of first use
-    params_keys: list[tuple]  # their field values (what makes two params equal)
     names: list[str]  # task names
     task_params: np.ndarray  # [nt] index into params
     out_counter: np.ndarray  # [nt]
@@ -119,7 +118,7 @@ def _compact(prog: ir.Program) -> Optional[CompactProgram]:
         run_lens.append(n)
         at += n
     return CompactProgram(
-        header=header, params=distinct, params_keys=list(index), names=list(names),
+        header=header, params=distinct, names=list(names),
         task_params=np.repeat(np.array(run_ids, dtype=np.int64), run_lens),
         out_counter=_ints(list(outc)), n_in=_ints(list(map(len, inputs))), n_out=_ints(list(map(len, outputs))),
         n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,

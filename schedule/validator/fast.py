@@ -18,14 +18,16 @@ analysis of `race.check_races`, and on a race-free program its count of ordering
 the same for every linear extension of happens-before, so the certificate equals the
 explaining path's.
 
-Nothing is cached between calls: every call reads and checks the whole program.
+Nothing about a program is cached between calls: every call reads and checks the whole
+program. The one memo maps a params' field values (read on every call) and its weight's
+dtype and group to that entry's rules, a pure function of them.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -130,7 +132,7 @@ def _columns_ok(cp: CompactProgram) -> bool:
         return False
     if not all(len(a) == nt for a in (cp.out_counter, cp.n_in, cp.n_out, cp.n_wait)) or len(cp.names) != nt:
         return False
-    return int(cp.n_wait.sum()) == len(cp.waits) and len(cp.params) == len(cp.params_keys)
+    return int(cp.n_wait.sum()) == len(cp.waits)
 
 
 _KV, _OUTPUT = int(K.KV_CACHE), int(K.IO_OUTPUT)
@@ -154,6 +156,17 @@ def _buffer_table(bufs: list[ir.Buffer]):
     return np.array(rows, dtype=np.int64).reshape(-1, kn.BUFFER_COLUMNS), np.array(variant, dtype=np.int64), len(variants)
 
 
+class _Weight(NamedTuple):
+    """What `operand_rules` reads of a weight buffer."""
+
+    dtype: D
+    group: Optional[int]
+
+
+_SPECS: dict = {}  # (params field values, weight dtype, group) -> _entry_spec(...): a pure function, memoised
+_SPECS_MAX = 4096
+
+
 def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     """Per entry (distinct params and weight variant), from its first task: the
     `kernels.E_*` columns, each slot's rule id and elementwise flag; and the rule table.
@@ -161,32 +174,48 @@ def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     entinfo, slot_rule, elementwise = [], [], []
     rule_ids: dict = {}
     bufs, params, task_params = cp.buffers, cp.params, cp.task_params
-    no_slot = [-1] * len(_QUANT_SLOTS)
     for t in first.tolist():
         p = params[task_params[t]]
         w = wbuf[t]
-        w_buf = bufs[w] if w >= 0 else None
-        try:
-            roles_in = input_roles(p, w_buf.dtype if w_buf is not None else D.F32)
-            ins, outs, problems = operand_rules(p, w_buf)
-        except Exception:
+        weight = _Weight(bufs[w].dtype, bufs[w].group) if w >= 0 else None
+        key = (tuple(p.__dict__.values()), weight)  # every field, read now: the memo can never go stale
+        spec = _SPECS.get(key)
+        if spec is None:
+            if len(_SPECS) >= _SPECS_MAX:
+                _SPECS.clear()
+            spec = _SPECS[key] = _entry_spec(p, weight)
+        if spec is False:
             return None
-        if problems or len(ins) != len(roles_in):
-            return None
-        op, fields = p.op, p.__dict__  # (getattr with a default is slow on a pydantic model)
-        quant = op == Op.GEMV and w_buf is not None and w_buf.dtype in QUANT
-        entinfo.append([len(ins), len(outs), int(op), fields.get("hidden", -1), fields.get("col", -1),
-                        p.k if quant else -1, p.k_lo if quant else -1, int(quant)]
-                       + ([roles_in.index(r) if r in roles_in else -1 for _, r in _QUANT_SLOTS] if quant else no_slot))
+        row, ins, outs, flags = spec
+        entinfo.append(row)
         ids = [rule_ids.setdefault(r, len(rule_ids)) for r in ins]
         ids += [0] * (ir.MAX_INPUTS - len(ids))
         ids += [rule_ids.setdefault(r, len(rule_ids)) for r in outs]
         slot_rule.append(ids + [0] * (_SLOTS - len(ids)))
-        elementwise.append([r in ELEMENTWISE_ROLES for r in roles_in] + [False] * (_SLOTS - len(roles_in)))
+        elementwise.append(flags)
     rules = [[_mask(r.kinds), _mask(r.dtypes), int(r.kv)] + [-1 if v is None else v for v in (r.length, r.count, r.stride, r.off)]
              for r in rule_ids]
     return (np.array(entinfo, dtype=np.int64), np.array(slot_rule, dtype=np.int64), np.array(elementwise, dtype=np.bool_),
             np.array(rules, dtype=np.int64).reshape(-1, 7))
+
+
+def _entry_spec(p, weight: Optional[_Weight]):
+    """(entry row, input rules, output rules, elementwise flag per slot) of tasks with params
+    `p` and this weight, from `form.operand_rules`; False if the params are invalid."""
+    try:
+        roles_in = input_roles(p, weight.dtype if weight is not None else D.F32)
+        ins, outs, problems = operand_rules(p, weight)
+    except Exception:
+        return False
+    if problems or len(ins) != len(roles_in):
+        return False
+    op, fields = p.op, p.__dict__  # (getattr with a default is slow on a pydantic model)
+    quant = op == Op.GEMV and weight is not None and weight.dtype in QUANT
+    row = ([len(ins), len(outs), int(op), fields.get("hidden", -1), fields.get("col", -1),
+            p.k if quant else -1, p.k_lo if quant else -1, int(quant)]
+           + [roles_in.index(r) if quant and r in roles_in else -1 for _, r in _QUANT_SLOTS])
+    flags = [r in ELEMENTWISE_ROLES for r in roles_in] + [False] * (_SLOTS - len(roles_in))
+    return row, tuple(ins), tuple(outs), flags
 
 
 @functools.lru_cache(maxsize=256)
