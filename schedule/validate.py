@@ -120,8 +120,8 @@ def _run_checks(prog: ir.Program, rep: Report) -> int:
 
 def program_hash(program) -> str:
     """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
-    fields but the tasks and queues as JSON, the distinct params as JSON, the task names, then
-    every integer column of the compact form. Same program, same hash (and cheap: no
+    fields but the tasks and queues as JSON, the distinct params as JSON, the task names,
+    then every integer column of the compact form. Same program, same hash (and cheap: no
     per-task JSON)."""
     cp = program if isinstance(program, CompactProgram) else compact(program)
     if cp is None:
@@ -141,8 +141,9 @@ def _rejected(rep: Report) -> ir.ValidationResult:
 
 
 def _accepted(cp: CompactProgram, pairs: int) -> ir.ValidationResult:
-    cert = ir.Certificate(
-        program_hash=program_hash(cp), checks=CHECKS, tasks=cp.num_tasks, buffers=len(cp.buffers),
-        counters=len(cp.counters), queues=cp.num_queues, waits=cp.num_waits, conflicting_pairs_checked=pairs,
+    # model_construct: every value here is already of its field's type
+    cert = ir.Certificate.model_construct(
+        program_hash=program_hash(cp), checks=list(CHECKS), tasks=cp.num_tasks, buffers=len(cp.buffers),
+        counters=len(cp.counters), queues=cp.num_queues, waits=cp.num_waits, conflicting_pairs_checked=int(pairs),
     )
-    return ir.ValidationResult(accepted=True, certificate=cert)
+    return ir.ValidationResult.model_construct(accepted=True, violations=[], certificate=cert)

@@ -19,8 +19,8 @@ the same for every linear extension of happens-before, so the certificate equals
 explaining path's.
 
 Nothing about a program is cached between calls: every call reads and checks the whole
-program. The one memo maps a params' field values (read on every call) and its weight's
-dtype and group to that entry's rules, a pure function of them.
+program. The memos map params' field values (read on every call) and weight dtypes and
+groups to their operand rules and rule tables, pure functions of them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from amk.schedule.ir import BufferKind as K, DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator.form import ELEMENTWISE_ROLES, QUANT, check_buffers, operand_rules
+from amk.schedule.validator import form
+from amk.schedule.validator.form import ELEMENTWISE_ROLES, QUANT, operand_rules
 from amk.schedule.validator.race import SKIP_KINDS
 from amk.schedule.validator.report import Report
 
@@ -69,12 +70,11 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     scratch = Report()
     if not _header_ok(cp) or not _columns_ok(cp):
         return None
-    check_buffers(cp, scratch)
-    if not scratch.ok:
-        return None
-    bufs = cp.buffers
-    nb, nc = len(bufs), len(cp.counters)
-    bufinfo, buf_variant, n_variants = _buffer_table(bufs)
+    nc = len(cp.counters)
+    table = _buffer_table(cp, scratch)
+    if table is None or not scratch.ok:
+        return None  # params, capacity, dtype, kv-range, quant-shape, reference
+    bufinfo, buf_variant, n_variants = table
     gemv_params = np.array([p.op == Op.GEMV for p in cp.params], dtype=np.bool_)
     code, op_start, entry, first, wbuf = kn.task_entries(
         cp.n_in, cp.n_out, cp.n_wait, cp.out_counter, cp.operands, cp.waits, cp.task_params, len(cp.params),
@@ -85,24 +85,10 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     if tables is None:
         return None  # params its op cannot interpret, or params problems
     entinfo, slot_rule, elementwise, rules = tables
-    code = kn.check_tasks(op_start, cp.n_in, cp.n_out, entry, wbuf, cp.operands, bufinfo, entinfo, slot_rule, elementwise,
-                          rules, ir.MAX_INPUTS)
-    if code < 0:
-        return code
     xcd_scoped = np.array([c.scope == ir.Scope.XCD for c in cp.counters], dtype=np.bool_)
-    code, queue_of, pos = kn.check_waits_and_queues(cp.n_wait, cp.out_counter, cp.waits, nc, cp.queue_len, cp.queue_tasks,
-                                                    xcd_scoped, max(int(cp.target.xcds), 1))
-    if code < 0:
-        return code
-    a_task, a_buf, a_lo, a_hi, a_write = kn.accesses(op_start, cp.n_in, cp.n_out, cp.operands, bufinfo)
-    code = kn.check_tiles(a_task, a_buf, a_lo, a_hi, a_write, cp.out_counter, bufinfo, nb)
-    if code < 0:
-        return code
-    code, rank, clock = kn.order_and_clocks(cp.out_counter, cp.n_wait, cp.waits, nc, cp.queue_len, cp.queue_tasks,
-                                            queue_of, pos)
-    if code < 0:
-        return code
-    return kn.race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos)
+    return kn.check_program(op_start, cp.n_in, cp.n_out, cp.n_wait, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
+                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, slot_rule, elementwise, rules, xcd_scoped,
+                            max(int(cp.target.xcds), 1), ir.MAX_INPUTS)
 
 
 def _header_ok(cp: CompactProgram) -> bool:
@@ -137,18 +123,38 @@ def _columns_ok(cp: CompactProgram) -> bool:
 
 _KV, _OUTPUT = int(K.KV_CACHE), int(K.IO_OUTPUT)
 _MUTABLE = frozenset(int(k) for k in K if k not in SKIP_KINDS)
+_FLOAT_CODES = frozenset(int(d) for d in form.FLOAT)
+_QUANT_CODES = frozenset(int(d) for d in QUANT)
 
 
-def _buffer_table(bufs: list[ir.Buffer]):
-    """Per buffer: `kernels.B_*` columns; its (dtype, group) variant; how many variants.
-    (Reads the field dicts and compares int codes: enum hashing is slow.)"""
+def _buffer_table(cp: CompactProgram, scratch: Report):
+    """`form.check_buffers`' rules (quantized buffers through its own `_check_quant_buffer`,
+    reporting to `scratch`), and per buffer: the `kernels.B_*` columns, its (dtype, group)
+    variant, how many variants. None at the first failure. (Reads the field dicts and
+    compares int codes: enum hashing and pydantic attribute hooks are slow.)"""
+    bufs = cp.buffers
+    dtypes = frozenset(int(d) for d in cp.target.dtypes)
+    kv_capacity = cp.kv_capacity
+    if kv_capacity < 0:
+        return None
     variants: dict = {}
     rows, variant = [], []
     base = 0
     for b in bufs:
         f = b.__dict__
         kind, dtype, shape, group, scale, zero = int(f["kind"]), int(f["dtype"]), f["shape"], f["group"], f["scale"], f["zero"]
-        extent = shape[-1] if kind == _KV else math.prod(shape)
+        if not 1 <= len(shape) <= ir.MAX_RANK or min(shape) < 1 or dtype not in dtypes:
+            return None
+        numel = math.prod(shape)
+        if numel > ir.MAX_BUFFER_ELEMS:
+            return None
+        if kind == _KV and (len(shape) != 2 or shape[0] != kv_capacity or dtype not in _FLOAT_CODES):
+            return None
+        if dtype in _QUANT_CODES:
+            form._check_quant_buffer(b, cp, len(bufs), scratch)
+        elif scale is not None or zero is not None or group is not None:
+            return None
+        extent = shape[-1] if kind == _KV else numel
         rows.append((kind, dtype, extent, group or 0, -1 if scale is None else scale, -1 if zero is None else zero,
                      kind in _MUTABLE, kind == _OUTPUT, base))
         base += extent
@@ -167,23 +173,38 @@ _SPECS: dict = {}  # (params field values, weight dtype, group) -> _entry_spec(.
 _SPECS_MAX = 4096
 
 
+_TABLES: dict = {}  # the entry keys of a program, in order -> _build_entry_tables(...) (pure, memoised; never written)
+
+
 def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     """Per entry (distinct params and weight variant), from its first task: the
     `kernels.E_*` columns, each slot's rule id and elementwise flag; and the rule table.
     None if some entry's params are invalid."""
-    entinfo, slot_rule, elementwise = [], [], []
-    rule_ids: dict = {}
     bufs, params, task_params = cp.buffers, cp.params, cp.task_params
+    entries = []
     for t in first.tolist():
         p = params[task_params[t]]
         w = wbuf[t]
         weight = _Weight(bufs[w].dtype, bufs[w].group) if w >= 0 else None
-        key = (tuple(p.__dict__.values()), weight)  # every field, read now: the memo can never go stale
+        entries.append((p, (tuple(p.__dict__.values()), weight)))  # every field, read now: the memo never goes stale
+    key = tuple(k for _, k in entries)
+    tables = _TABLES.get(key)
+    if tables is None:
+        if len(_TABLES) >= _SPECS_MAX:
+            _TABLES.clear()
+        tables = _TABLES[key] = _build_entry_tables(entries)
+    return tables
+
+
+def _build_entry_tables(entries):
+    entinfo, slot_rule, elementwise = [], [], []
+    rule_ids: dict = {}
+    for p, key in entries:
         spec = _SPECS.get(key)
         if spec is None:
             if len(_SPECS) >= _SPECS_MAX:
                 _SPECS.clear()
-            spec = _SPECS[key] = _entry_spec(p, weight)
+            spec = _SPECS[key] = _entry_spec(p, key[1])
         if spec is False:
             return None
         row, ins, outs, flags = spec

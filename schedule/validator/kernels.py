@@ -504,3 +504,25 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
                 pending[s] = used
                 used += 1
     return checks
+
+
+@jit
+def check_program(op_start, n_in, n_out, n_wait, entry, wbuf, out_counter, operands, waits, queue_len, queue_tasks,
+                  bufinfo, entinfo, slot_rule, elementwise, rules, xcd_scoped, n_xcd, max_in):
+    """Everything after the entry tables, in one call: tasks, waits and queues, tiles and
+    completeness, order, races. The ordering checks made, or a REJECT code."""
+    nb, nc = bufinfo.shape[0], xcd_scoped.shape[0]
+    code = check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in)
+    if code < 0:
+        return code
+    code, queue_of, pos = check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, xcd_scoped, n_xcd)
+    if code < 0:
+        return code
+    a_task, a_buf, a_lo, a_hi, a_write = accesses(op_start, n_in, n_out, operands, bufinfo)
+    code = check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb)
+    if code < 0:
+        return code
+    code, rank, clock = order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, queue_of, pos)
+    if code < 0:
+        return code
+    return race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos)
