@@ -25,7 +25,8 @@ from pydantic import BaseModel
 from amk.schedule import ir
 
 OPERAND_COLUMNS = ("buf", "off", "len", "count", "stride", "kv")
-_HEADER = ("version", "name", "target", "threads_per_block", "blocks_per_cu", "kv_capacity", "buffers", "counters", "meta")
+BUFFER_COLUMNS = ("kind", "dtype", "rank", "d0", "d1", "d2", "d3", "scale", "zero", "group")  # -1: None / no such dim
+HEADER_FIELDS = ("version", "name", "target", "threads_per_block", "blocks_per_cu", "kv_capacity", "meta")
 _FIELDS = BaseModel.__dict__["__dict__"].__get__  # a model's field dict, without the __getattr__ hook
 _TASK = itemgetter("id", "params", "inputs", "outputs", "waits", "out_counter", "name")
 _OPERAND = itemgetter(*OPERAND_COLUMNS)
@@ -34,12 +35,18 @@ _WAIT = itemgetter("counter", "threshold")
 
 @dataclass(frozen=True, eq=False)
 class CompactProgram:
-    """A Program with its tasks as columns. Task t's operands are rows
+    """A Program with its buffers, counters and tasks as columns. Buffer b is row b of
+    `buffers` (BUFFER_COLUMNS) and named buffer_names[b]; counter c has scope
+    counter_scope[c] and name counter_names[c]. Task t's operands are rows
     op_start[t] .. op_start[t] + n_in[t] + n_out[t] of `operands` (inputs first); its waits
     are rows wait_start[t] .. wait_start[t] + n_wait[t] of `waits`; queue q is
     `queue_tasks[queue_start[q] : queue_start[q] + queue_len[q]]`."""
 
-    header: dict[str, Any]  # the Program's fields but tasks and queues (pydantic objects)
+    header: dict[str, Any]  # the Program's other fields (the target and meta as pydantic objects / values)
+    buffer_names: list[str]
+    buffers: np.ndarray  # [nb, 10]: BUFFER_COLUMNS
+    counter_names: list[str]
+    counter_scope: np.ndarray  # [nc]
     params: list  # the distinct params models, in order of first use
     names: list[str]  # task names
     task_params: np.ndarray  # [nt] index into params
@@ -63,6 +70,14 @@ class CompactProgram:
         return len(self.task_params)
 
     @property
+    def num_buffers(self) -> int:
+        return len(self.buffers)
+
+    @property
+    def num_counters(self) -> int:
+        return len(self.counter_scope)
+
+    @property
     def num_queues(self) -> int:
         return len(self.queue_len)
 
@@ -72,7 +87,7 @@ class CompactProgram:
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """Every integer column, in the order the program digest hashes them."""
-        return (self.task_params, self.out_counter, self.n_in, self.n_out, self.n_wait, self.operands, self.waits,
+        return (self.buffers, self.counter_scope, self.task_params, self.out_counter, self.n_in, self.n_out, self.n_wait, self.operands, self.waits,
                 self.queue_len, self.queue_tasks)
 
 
@@ -82,17 +97,33 @@ def _ints(values: list) -> np.ndarray:
 
 
 def compact(prog: ir.Program) -> Optional[CompactProgram]:
-    """The compact form of `prog`, or None if its task ids are not 0..n-1 in order or a
-    value does not fit in 64 bits."""
+    """The compact form of `prog`, or None if its ids are not 0..n-1 in order, a buffer's
+    rank is outside 1..MAX_RANK or its scale/zero/group negative, or a value does not fit
+    in 64 bits (the validator's explaining path rejects all of these by name)."""
     try:
         return _compact(prog)
     except (OverflowError, struct.error, TypeError):
         return None
 
 
+def _buffer_row(b: ir.Buffer) -> Optional[list]:
+    f = _FIELDS(b)
+    shape, extra = f["shape"], (f["scale"], f["zero"], f["group"])
+    if not 1 <= len(shape) <= ir.MAX_RANK or any(v is not None and v < 0 for v in extra):
+        return None
+    return ([int(f["kind"]), int(f["dtype"]), len(shape)] + shape + [-1] * (ir.MAX_RANK - len(shape))
+            + [-1 if v is None else v for v in extra])
+
+
 def _compact(prog: ir.Program) -> Optional[CompactProgram]:
     fields = _FIELDS(prog)
-    header = {k: fields[k] for k in _HEADER}
+    header = {k: fields[k] for k in HEADER_FIELDS}
+    bufs, counters = prog.buffers, prog.counters
+    if any(b.id != i for i, b in enumerate(bufs)) or any(c.id != i for i, c in enumerate(counters)):
+        return None
+    buffer_rows = [_buffer_row(b) for b in bufs]
+    if None in buffer_rows:
+        return None
     tasks = prog.tasks
     if tasks:
         ids, params, inputs, outputs, waits, outc, names = zip(*map(_TASK, map(_FIELDS, tasks)))
@@ -118,7 +149,10 @@ def _compact(prog: ir.Program) -> Optional[CompactProgram]:
         run_lens.append(n)
         at += n
     return CompactProgram(
-        header=header, params=distinct, names=list(names),
+        header=header, buffer_names=[b.name for b in bufs],
+        buffers=_ints(list(chain.from_iterable(buffer_rows))).reshape(-1, len(BUFFER_COLUMNS)),
+        counter_names=[c.name for c in counters], counter_scope=_ints([int(c.scope) for c in counters]),
+        params=distinct, names=list(names),
         task_params=np.repeat(np.array(run_ids, dtype=np.int64), run_lens),
         out_counter=_ints(list(outc)), n_in=_ints(list(map(len, inputs))), n_out=_ints(list(map(len, outputs))),
         n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,
@@ -142,5 +176,11 @@ def expand(cp: CompactProgram) -> ir.Program:
     q_end = np.cumsum(cp.queue_len).tolist()
     flat = cp.queue_tasks.tolist()
     queues = [flat[a - n:a] for a, n in zip(q_end, cp.queue_len.tolist())]
-    return ir.Program.model_construct(**cp.header, tasks=tasks, queues=queues)
+    buffers = []
+    for i, (name, row) in enumerate(zip(cp.buffer_names, cp.buffers.tolist())):
+        kind, dtype, rank, *rest = row
+        scale, zero, group = (None if v == -1 else v for v in rest[ir.MAX_RANK:])
+        buffers.append(ir.Buffer(id=i, name=name, kind=kind, dtype=dtype, shape=rest[:rank], scale=scale, zero=zero, group=group))
+    counters = [ir.Counter(id=i, name=name, scope=scope) for i, (name, scope) in enumerate(zip(cp.counter_names, cp.counter_scope.tolist()))]
+    return ir.Program.model_construct(**cp.header, buffers=buffers, counters=counters, tasks=tasks, queues=queues)
 

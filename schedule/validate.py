@@ -120,8 +120,8 @@ def _run_checks(prog: ir.Program, rep: Report) -> int:
 
 def program_hash(program) -> str:
     """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
-    fields but the tasks and queues as JSON, the distinct params as JSON, the task names,
-    then every integer column of the compact form. Same program, same hash (and cheap: no
+    other fields and the distinct params as JSON, the buffer, counter and task names, then
+    every integer column of the compact form. Same program, same hash (and cheap: no
     per-task JSON)."""
     cp = program if isinstance(program, CompactProgram) else compact(program)
     if cp is None:
@@ -129,7 +129,8 @@ def program_hash(program) -> str:
     h = hashlib.sha256()
     h.update(pydantic_core.to_json(cp.header))
     h.update(pydantic_core.to_json(cp.params))
-    h.update("\x00".join(cp.names).encode())
+    for names in (cp.buffer_names, cp.counter_names, cp.names):
+        h.update("\x00".join(names).encode() + b"\x01")
     for column in cp.arrays():
         h.update(len(column).to_bytes(8, "little"))
         h.update(column.tobytes())
@@ -143,7 +144,7 @@ def _rejected(rep: Report) -> ir.ValidationResult:
 def _accepted(cp: CompactProgram, pairs: int) -> ir.ValidationResult:
     # model_construct: every value here is already of its field's type
     cert = ir.Certificate.model_construct(
-        program_hash=program_hash(cp), checks=list(CHECKS), tasks=cp.num_tasks, buffers=len(cp.buffers),
-        counters=len(cp.counters), queues=cp.num_queues, waits=cp.num_waits, conflicting_pairs_checked=int(pairs),
+        program_hash=program_hash(cp), checks=list(CHECKS), tasks=cp.num_tasks, buffers=cp.num_buffers,
+        counters=cp.num_counters, queues=cp.num_queues, waits=cp.num_waits, conflicting_pairs_checked=int(pairs),
     )
     return ir.ValidationResult.model_construct(accepted=True, violations=[], certificate=cert)

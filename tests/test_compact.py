@@ -70,11 +70,13 @@ def test_hash_sees_every_column(programs):
     prog = programs[0]
     h = V.program_hash(prog)
     cp = compact(prog)
-    for name in ("out_counter", "n_wait", "operands", "waits", "queue_tasks"):
+    for name in ("buffers", "counter_scope", "out_counter", "n_wait", "operands", "waits", "queue_tasks"):
         col = getattr(cp, name).copy()
         col.reshape(-1)[-1] += 1
         assert V.program_hash(dataclasses.replace(cp, **{name: col})) != h, name
-    assert V.program_hash(dataclasses.replace(cp, names=["x"] + cp.names[1:])) != h
+    for name in ("names", "buffer_names", "counter_names"):
+        renamed = dataclasses.replace(cp, **{name: ["x"] + getattr(cp, name)[1:]})
+        assert V.program_hash(renamed) != h, name
 
 
 def _rejected_without_crash(cp: CompactProgram) -> None:
@@ -90,6 +92,9 @@ def test_malformed_columns_are_rejected(programs):
         dataclasses.replace(cp, queue_tasks=cp.queue_tasks[:-1]),
         dataclasses.replace(cp, task_params=cp.task_params + len(cp.params)),  # params index out of range
         dataclasses.replace(cp, names=cp.names[:-1]),
+        dataclasses.replace(cp, buffer_names=cp.buffer_names[:-1]),
+        dataclasses.replace(cp, buffers=cp.buffers[:, :-1].copy()),
+        dataclasses.replace(cp, counter_scope=cp.counter_scope + 7),  # not a Scope code
     ]
     for b in bad:
         assert fast.verify(b) is None
@@ -100,11 +105,11 @@ def test_malformed_columns_are_rejected(programs):
 
 
 # columns and the values a mutation may write: in range, just out of range, far out of range
-_COLUMNS = ("task_params", "out_counter", "n_in", "n_out", "n_wait", "operands", "waits", "queue_len", "queue_tasks")
+_COLUMNS = ("buffers", "counter_scope", "task_params", "out_counter", "n_in", "n_out", "n_wait", "operands", "waits", "queue_len", "queue_tasks")
 _VALUES = st.one_of(st.integers(-3, 70), st.sampled_from([-(1 << 62), (1 << 40), (1 << 62)]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(edits=st.lists(st.tuples(st.sampled_from(_COLUMNS), st.integers(0, 10**6), _VALUES), min_size=1, max_size=3))
 def test_mutated_columns_never_crash_and_never_fool_the_fast_path(edits):
     """Arbitrary edits of the integer columns: validate() never raises (nor crashes the

@@ -26,21 +26,17 @@ groups to their operand rules and rule tables, pure functions of them.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple, Optional
 
 import numpy as np
 
 from amk.schedule import ir
-from amk.schedule.compact import CompactProgram
-from amk.schedule.ir import BufferKind as K, DType as D, Op
+from amk.schedule.compact import BUFFER_COLUMNS, HEADER_FIELDS, CompactProgram
+from amk.schedule.ir import DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator import form
 from amk.schedule.validator.form import ELEMENTWISE_ROLES, QUANT, operand_rules
-from amk.schedule.validator.race import SKIP_KINDS
-from amk.schedule.validator.report import Report
 
 AVAILABLE = kn.AVAILABLE
 
@@ -52,6 +48,7 @@ COVERED = frozenset({
     "uninitialized-read", "self-alias", "out-of-bounds", "kv-range", "quant-shape", "complete",
 })
 
+_HEADER_KEYS = frozenset(HEADER_FIELDS)
 _SLOTS = ir.MAX_INPUTS + ir.MAX_OUTPUTS  # operand slot s of a task: inputs 0.., outputs MAX_INPUTS..
 _QUANT_SLOTS = ((kn.E_SLOT_W, "w"), (kn.E_SLOT_W2, "w2"), (kn.E_SLOT_W_SCALE, "w_scale"), (kn.E_SLOT_W_ZERO, "w_zero"),
                 (kn.E_SLOT_W2_SCALE, "w2_scale"), (kn.E_SLOT_W2_ZERO, "w2_zero"))
@@ -67,14 +64,12 @@ def verify(cp: CompactProgram) -> Optional[int]:
 def verify_code(cp: CompactProgram) -> Optional[int]:
     """`verify`, but a failure in the compiled checks returns its negative `kernels.REJECT_*`
     code (tests use it to see which check failed); None for a failure before them."""
-    scratch = Report()
     if not _header_ok(cp) or not _columns_ok(cp):
         return None
-    nc = len(cp.counters)
-    table = _buffer_table(cp, scratch)
-    if table is None or not scratch.ok:
-        return None  # params, capacity, dtype, kv-range, quant-shape, reference
-    bufinfo, buf_variant, n_variants = table
+    nc = cp.num_counters
+    code, bufinfo, buf_variant, n_variants = kn.buffer_table(cp.buffers, cp.kv_capacity, _mask(frozenset(cp.target.dtypes)))
+    if code < 0:
+        return code  # params, capacity, dtype, kv-range, quant-shape, reference
     gemv_params = np.array([p.op == Op.GEMV for p in cp.params], dtype=np.bool_)
     code, op_start, entry, first, wbuf = kn.task_entries(
         cp.n_in, cp.n_out, cp.n_wait, cp.out_counter, cp.operands, cp.waits, cp.task_params, len(cp.params),
@@ -85,19 +80,16 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     if tables is None:
         return None  # params its op cannot interpret, or params problems
     entinfo, slot_rule, elementwise, rules = tables
-    xcd_scoped = np.array([c.scope == ir.Scope.XCD for c in cp.counters], dtype=np.bool_)
     return kn.check_program(op_start, cp.n_in, cp.n_out, cp.n_wait, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
-                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, slot_rule, elementwise, rules, xcd_scoped,
+                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, slot_rule, elementwise, rules, cp.counter_scope,
                             max(int(cp.target.xcds), 1), ir.MAX_INPUTS)
 
 
 def _header_ok(cp: CompactProgram) -> bool:
-    """`form.check_program_header`'s rules (task ids are dense by construction)."""
+    """`form.check_program_header`'s rules (ids are dense by construction)."""
     t = cp.target
-    if any(b.id != i for i, b in enumerate(cp.buffers)) or any(c.id != i for i, c in enumerate(cp.counters)):
-        return False
     nt, nq = cp.num_tasks, cp.num_queues
-    if nt == 0 or nt > ir.MAX_TASKS or len(cp.buffers) > ir.MAX_BUFFERS or len(cp.counters) > ir.MAX_COUNTERS:
+    if nt == 0 or nt > ir.MAX_TASKS or cp.num_buffers > ir.MAX_BUFFERS or cp.num_counters > ir.MAX_COUNTERS:
         return False  # (the empty program is left to the explaining path)
     tpb = cp.threads_per_block
     if not (t.warp_size <= tpb <= ir.MAX_THREADS and tpb % t.warp_size == 0) or cp.blocks_per_cu < 1:
@@ -112,60 +104,24 @@ def _columns_ok(cp: CompactProgram) -> bool:
     cols = cp.arrays()
     if not all(isinstance(a, np.ndarray) and a.dtype == np.int64 and a.flags.c_contiguous for a in cols):
         return False
-    if any(a.ndim != 1 for a in (cp.task_params, cp.out_counter, cp.n_in, cp.n_out, cp.n_wait, cp.queue_len, cp.queue_tasks)):
+    if any(a.ndim != 1 for a in (cp.counter_scope, cp.task_params, cp.out_counter, cp.n_in, cp.n_out, cp.n_wait,
+                                 cp.queue_len, cp.queue_tasks)):
         return False
     if cp.operands.ndim != 2 or cp.operands.shape[1] != 6 or cp.waits.ndim != 2 or cp.waits.shape[1] != 2:
+        return False
+    if cp.buffers.ndim != 2 or cp.buffers.shape[1] != len(BUFFER_COLUMNS) or len(cp.buffer_names) != cp.num_buffers:
+        return False
+    if len(cp.counter_names) != cp.num_counters or cp.header.keys() != _HEADER_KEYS:
         return False
     if not all(len(a) == nt for a in (cp.out_counter, cp.n_in, cp.n_out, cp.n_wait)) or len(cp.names) != nt:
         return False
     return int(cp.n_wait.sum()) == len(cp.waits)
 
 
-_KV, _OUTPUT = int(K.KV_CACHE), int(K.IO_OUTPUT)
-_MUTABLE = frozenset(int(k) for k in K if k not in SKIP_KINDS)
-_FLOAT_CODES = frozenset(int(d) for d in form.FLOAT)
-_QUANT_CODES = frozenset(int(d) for d in QUANT)
-
-
-def _buffer_table(cp: CompactProgram, scratch: Report):
-    """`form.check_buffers`' rules (quantized buffers through its own `_check_quant_buffer`,
-    reporting to `scratch`), and per buffer: the `kernels.B_*` columns, its (dtype, group)
-    variant, how many variants. None at the first failure. (Reads the field dicts and
-    compares int codes: enum hashing and pydantic attribute hooks are slow.)"""
-    bufs = cp.buffers
-    dtypes = frozenset(int(d) for d in cp.target.dtypes)
-    kv_capacity = cp.kv_capacity
-    if kv_capacity < 0:
-        return None
-    variants: dict = {}
-    rows, variant = [], []
-    base = 0
-    for b in bufs:
-        f = b.__dict__
-        kind, dtype, shape, group, scale, zero = int(f["kind"]), int(f["dtype"]), f["shape"], f["group"], f["scale"], f["zero"]
-        if not 1 <= len(shape) <= ir.MAX_RANK or min(shape) < 1 or dtype not in dtypes:
-            return None
-        numel = math.prod(shape)
-        if numel > ir.MAX_BUFFER_ELEMS:
-            return None
-        if kind == _KV and (len(shape) != 2 or shape[0] != kv_capacity or dtype not in _FLOAT_CODES):
-            return None
-        if dtype in _QUANT_CODES:
-            form._check_quant_buffer(b, cp, len(bufs), scratch)
-        elif scale is not None or zero is not None or group is not None:
-            return None
-        extent = shape[-1] if kind == _KV else numel
-        rows.append((kind, dtype, extent, group or 0, -1 if scale is None else scale, -1 if zero is None else zero,
-                     kind in _MUTABLE, kind == _OUTPUT, base))
-        base += extent
-        variant.append(variants.setdefault((dtype, group), len(variants)))
-    return np.array(rows, dtype=np.int64).reshape(-1, kn.BUFFER_COLUMNS), np.array(variant, dtype=np.int64), len(variants)
-
-
 class _Weight(NamedTuple):
     """What `operand_rules` reads of a weight buffer."""
 
-    dtype: D
+    dtype: int  # a DType code
     group: Optional[int]
 
 
@@ -185,9 +141,14 @@ def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     for t in first.tolist():
         p = params[task_params[t]]
         w = wbuf[t]
-        weight = _Weight(bufs[w].dtype, bufs[w].group) if w >= 0 else None
+        weight = None
+        if w >= 0:
+            group = int(bufs[w, kn.C_GROUP])
+            weight = _Weight(int(bufs[w, kn.C_DTYPE]), None if group == -1 else group)
         entries.append((p, (tuple(p.__dict__.values()), weight)))  # every field, read now: the memo never goes stale
     key = tuple(k for _, k in entries)
+    if len({k[0] for k in key}) != len(params):
+        return None  # equal params listed twice: not the one encoding of this program
     tables = _TABLES.get(key)
     if tables is None:
         if len(_TABLES) >= _SPECS_MAX:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from amk.schedule import ir
+
 try:  # numba compiles these on first use and caches the machine code next to this file
     import numba
 
@@ -41,14 +43,102 @@ BUFFER_COLUMNS = 9
 ENTRY_COLUMNS = 14
 # columns of the rule table
 R_KINDS, R_DTYPES, R_KV, R_LEN, R_COUNT, R_STRIDE, R_OFF = range(7)
-OP_EMBED, OP_RMSNORM = 0, 1  # ir.Op codes that carry cross-operand rules
+OP_EMBED, OP_RMSNORM = int(ir.Op.EMBED), int(ir.Op.RMSNORM)  # the ops with cross-operand rules
+# columns of CompactProgram.buffers
+C_KIND, C_DTYPE, C_RANK, C_D0, C_D1 = 0, 1, 2, 3, 4
+C_SCALE, C_ZERO, C_GROUP = 3 + ir.MAX_RANK, 4 + ir.MAX_RANK, 5 + ir.MAX_RANK
+_K = ir.BufferKind
+KIND_WEIGHT, KIND_CONST, KIND_KV, KIND_OUTPUT = int(_K.WEIGHT), int(_K.CONST), int(_K.KV_CACHE), int(_K.IO_OUTPUT)
+KIND_IO_INPUT, KIND_MAX = int(_K.IO_INPUT), max(int(k) for k in _K)
+DTYPE_I8, DTYPE_U4, DTYPE_MAX = int(ir.DType.I8), int(ir.DType.U4), max(int(d) for d in ir.DType)
+FLOAT_DTYPES = sum(1 << int(d) for d in (ir.DType.F32, ir.DType.F16, ir.DType.BF16))
+REJECT_BUFFER = -16
+SCOPE_XCD, SCOPE_MAX = int(ir.Scope.XCD), max(int(c) for c in ir.Scope)
+
+
+@jit
+def buffer_table(buffers, kv_capacity, dtype_mask):
+    """`form.check_buffers`' rules (rank, dims, size cap, dtype on this target, KV shape,
+    quantized weights and their scale/zero companions). Returns (code, `B_*` table, each
+    buffer's (dtype, group) variant, how many variants)."""
+    nb = buffers.shape[0]
+    info = np.zeros((nb, BUFFER_COLUMNS), np.int64)
+    variant = np.zeros(nb, np.int64)
+    var_dtype = np.empty(nb, np.int64)
+    var_group = np.empty(nb, np.int64)
+    nv = 0
+    if kv_capacity < 0:
+        return REJECT_BUFFER, info, variant, nv
+    base = 0
+    for b in range(nb):
+        kind, dtype, rank = buffers[b, C_KIND], buffers[b, C_DTYPE], buffers[b, C_RANK]
+        scale, zero, group = buffers[b, C_SCALE], buffers[b, C_ZERO], buffers[b, C_GROUP]
+        if kind < 0 or kind > KIND_MAX or dtype < 0 or dtype > DTYPE_MAX or rank < 1 or rank > ir.MAX_RANK:
+            return REJECT_BUFFER, info, variant, nv
+        if (dtype_mask >> dtype) & 1 == 0 or scale < -1 or zero < -1 or group < -1:
+            return REJECT_BUFFER, info, variant, nv
+        numel = 1
+        for d in range(ir.MAX_RANK):
+            dim = buffers[b, C_D0 + d]
+            if d >= rank:
+                if dim != -1:  # one encoding per program: the digest is over these columns
+                    return REJECT_BUFFER, info, variant, nv
+                continue
+            if dim < 1 or dim > ir.MAX_BUFFER_ELEMS:
+                return REJECT_BUFFER, info, variant, nv
+            numel *= dim
+            if numel > ir.MAX_BUFFER_ELEMS:
+                return REJECT_BUFFER, info, variant, nv
+        if kind == KIND_KV and (rank != 2 or buffers[b, C_D0] != kv_capacity or (FLOAT_DTYPES >> dtype) & 1 == 0):
+            return REJECT_BUFFER, info, variant, nv
+        if dtype == DTYPE_I8 or dtype == DTYPE_U4:
+            if not _quant_buffer_ok(buffers, b, nb):
+                return REJECT_BUFFER, info, variant, nv
+        elif scale != -1 or zero != -1 or group != -1:
+            return REJECT_BUFFER, info, variant, nv
+        extent = buffers[b, C_D1] if kind == KIND_KV else numel
+        info[b, B_KIND], info[b, B_DTYPE], info[b, B_EXTENT], info[b, B_BASE] = kind, dtype, extent, base
+        info[b, B_GROUP], info[b, B_SCALE], info[b, B_ZERO] = max(group, 0), scale, zero
+        info[b, B_MUTABLE] = kind != KIND_WEIGHT and kind != KIND_CONST and kind != KIND_IO_INPUT
+        info[b, B_OUTPUT] = kind == KIND_OUTPUT
+        base += extent
+        v = 0
+        while v < nv and (var_dtype[v] != dtype or var_group[v] != group):
+            v += 1
+        if v == nv:
+            var_dtype[nv], var_group[nv] = dtype, group
+            nv += 1
+        variant[b] = v
+    return 0, info, variant, nv
+
+
+@inline
+def _quant_buffer_ok(buffers, b, nb):
+    """A quantized weight: a 2-D WEIGHT whose group divides its columns (an even count for
+    U4), with an immutable float [rows, cols / group] scale (and, for U4, zero; I8 has none)."""
+    if buffers[b, C_KIND] != KIND_WEIGHT or buffers[b, C_RANK] != 2:
+        return False
+    rows, cols, group = buffers[b, C_D0], buffers[b, C_D1], buffers[b, C_GROUP]
+    if group < 1 or cols % group != 0:
+        return False
+    u4 = buffers[b, C_DTYPE] == DTYPE_U4
+    if (u4 and cols % 2 != 0) or (not u4 and buffers[b, C_ZERO] != -1):
+        return False
+    for k in range(2 if u4 else 1):
+        c = buffers[b, C_SCALE] if k == 0 else buffers[b, C_ZERO]
+        if c < 0 or c >= nb or buffers[c, C_RANK] != 2 or buffers[c, C_D0] != rows or buffers[c, C_D1] != cols // group:
+            return False
+        kind, dtype = buffers[c, C_KIND], buffers[c, C_DTYPE]
+        if (kind != KIND_WEIGHT and kind != KIND_CONST) or dtype < 0 or (FLOAT_DTYPES >> dtype) & 1 == 0:
+            return False
+    return True
 
 
 @jit
 def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params, n_params, gemv_params, buf_variant,
                  n_variants, nc, max_in, max_out, max_waits):
-    """Caps and references; then each task's entry (its params and, for a GEMV, its weight
-    buffer's dtype and group). Returns (code, operand start, entry per task, first task of
+    """Caps and references, params used in order of first use; then each task's entry (its
+    params and, for a GEMV, its weight buffer's dtype and group). Returns (code, operand start, entry per task, first task of
     each entry, weight buffer per task)."""
     nt = n_in.shape[0]
     nb = buf_variant.shape[0]
@@ -74,12 +164,19 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
         if waits[i, 0] < 0 or waits[i, 0] >= nc:
             return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
     slot_of = np.full(n_params * (n_variants + 1), -1, np.int64)
+    used = np.zeros(n_params, np.bool_)
+    n_used = 0
     for t in range(nt):
         if out_counter[t] < 0 or out_counter[t] >= nc:
             return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
         p = task_params[t]
         if p < 0 or p >= n_params:
             return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+        if not used[p]:  # one encoding per program: params listed in order of first use
+            if p != n_used:
+                return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+            used[p] = True
+            n_used += 1
         v = 0
         if gemv_params[p] and n_in[t] > 0:
             wbuf[t] = operands[op_start[t], 0]
@@ -90,6 +187,8 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
             first[ne] = t
             ne += 1
         entry[t] = slot_of[key]
+    if n_used != n_params:
+        return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
     return 0, op_start, entry, first[:ne], wbuf
 
 
@@ -198,13 +297,17 @@ def _no_self_alias(s0, nin, nout, e, operands, elementwise):
 
 
 @jit
-def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, xcd_scoped, n_xcd):
+def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd):
     """Thresholds (every wait a full join of >= 1 producers), no self-wait, no counter
-    waited on twice; every task in exactly one queue; the XCD scope rule. Returns (code,
+    waited on twice; every task in exactly one queue; counter scopes are Scope codes and
+    the XCD scope rule holds. Returns (code,
     queue of each task, position in it)."""
     nt = n_wait.shape[0]
     queue_of = np.full(nt, -1, np.int64)
     pos = np.full(nt, -1, np.int64)
+    for c in range(nc):
+        if scope[c] < 0 or scope[c] > SCOPE_MAX:
+            return REJECT_REFERENCE, queue_of, pos
     nprod = np.zeros(nc, np.int64)
     for t in range(nt):
         nprod[out_counter[t]] += 1
@@ -240,7 +343,7 @@ def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_task
     hi = np.full(nc, -1, np.int64)
     for t in range(nt):
         c = out_counter[t]
-        if xcd_scoped[c]:
+        if scope[c] == SCOPE_XCD:
             x = queue_of[t] % n_xcd
             lo[c] = min(lo[c], x)
             hi[c] = max(hi[c], x)
@@ -249,7 +352,7 @@ def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_task
         x = queue_of[t] % n_xcd
         for i in range(w0, w0 + n_wait[t]):
             c = waits[i, 0]
-            if xcd_scoped[c] and hi[c] >= 0 and (x != lo[c] or x != hi[c]):
+            if scope[c] == SCOPE_XCD and hi[c] >= 0 and (x != lo[c] or x != hi[c]):
                 return REJECT_SCOPE, queue_of, pos
         w0 += n_wait[t]
     return 0, queue_of, pos
@@ -508,14 +611,14 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
 
 @jit
 def check_program(op_start, n_in, n_out, n_wait, entry, wbuf, out_counter, operands, waits, queue_len, queue_tasks,
-                  bufinfo, entinfo, slot_rule, elementwise, rules, xcd_scoped, n_xcd, max_in):
+                  bufinfo, entinfo, slot_rule, elementwise, rules, scope, n_xcd, max_in):
     """Everything after the entry tables, in one call: tasks, waits and queues, tiles and
     completeness, order, races. The ordering checks made, or a REJECT code."""
-    nb, nc = bufinfo.shape[0], xcd_scoped.shape[0]
+    nb, nc = bufinfo.shape[0], scope.shape[0]
     code = check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in)
     if code < 0:
         return code
-    code, queue_of, pos = check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, xcd_scoped, n_xcd)
+    code, queue_of, pos = check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd)
     if code < 0:
         return code
     a_task, a_buf, a_lo, a_hi, a_write = accesses(op_start, n_in, n_out, operands, bufinfo)
