@@ -25,6 +25,9 @@
 #ifndef AMK_ATTN_HB
 #define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
 #endif
+#ifndef AMK_ATTN_WARP_MAX
+#define AMK_ATTN_WARP_MAX 0  // 1: reduce each warp's score maxima with shuffles before one shared atomic per head
+#endif
 #ifndef AMK_ATTN_UNROLL
 #define AMK_ATTN_UNROLL 2  // K/V rows per lane loaded before the first use (4 spills beside gemv_unroll 8)
 #endif
@@ -149,11 +152,22 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
         for (int x = 0; x < AMK_KV_LANE; ++x)
           if (dim[x] < hd) s += qs[h * hd + dim[x]] * kf[u][x];
         for (int m = K.G / 2; m > 0; m >>= 1) s += amk_shfl_xor(s, m);
+        const float t = amk_round(qdt, amk_mul(amk_round(qdt, s), scale));  // HF: rnd(rnd(q.k) * scale)
+#if AMK_ATTN_WARP_MAX
+        // the warp's R rows first (integer keys: exact, order-free), then one atomic per warp
+        if (mkey != nullptr) {
+          constexpr int kNone = -2147483647 - 1;  // below every float's key
+          int key = j < jb ? amk_order_key(t) : kNone;
+          for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) key = max(key, amk_shfl_xor_int(key, m));
+          if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
+        }
+        if (sub == 0 && j < jb && j - ja < cap) cache[h * cap + (j - ja)] = t;
+#else
         if (sub == 0 && j < jb) {
-          const float t = amk_round(qdt, amk_mul(amk_round(qdt, s), scale));  // HF: rnd(rnd(q.k) * scale)
           if (mkey != nullptr) atomicMax(&mkey[h], amk_order_key(t));
           if (j - ja < cap) cache[h * cap + (j - ja)] = t;
         }
+#endif
       }
     }
   }
