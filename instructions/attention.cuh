@@ -3,9 +3,10 @@
 //
 // ATTN_PARTIAL computes exactly sum_j exp(t_j - m) v_j with m the split's maximum (no online
 // rescaling), in two passes over the split's rows [j0, j1):
-//   pass 1: every score t_j = scale * q.k_j for all q heads; the maximum per head (an atomic
-//           max on an order-preserving integer key: exact, so the result does not depend on
-//           the order); the first `score_cap` scores per head stay in shared memory.
+//   pass 1: every score t_j = scale * q.k_j for all q heads; the maximum per head (an integer
+//           max on an order-preserving key, over each warp's rows with shuffles, then one
+//           shared atomic per warp: exact, so the result does not depend on the order); the
+//           first `score_cap` scores per head stay in shared memory.
 //   pass 2: tiles of score_cap rows (the first tile reuses the cached scores, later ones
 //           recompute theirs with the same code, bit for bit): p = exp(t - m), l += sum p,
 //           o += sum p v.
@@ -25,11 +26,12 @@
 #ifndef AMK_ATTN_HB
 #define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
 #endif
-#ifndef AMK_ATTN_WARP_MAX
-#define AMK_ATTN_WARP_MAX 0  // 1: reduce each warp's score maxima with shuffles before one shared atomic per head
+#ifndef AMK_ATTN_SCORES_ILP
+#define AMK_ATTN_SCORES_ILP 1  // experiment switch (0: one row's heads at a time)
 #endif
 #ifndef AMK_ATTN_UNROLL
-#define AMK_ATTN_UNROLL 2  // K/V rows per lane loaded before the first use (4 spills beside gemv_unroll 8)
+#define AMK_ATTN_UNROLL 3  // K/V rows per lane loaded before the first use: 3 x 32 rows per pass covers a
+                           // split of <= 96 rows in one round trip (PERF_NOTES 16); 4 spills beside gemv_unroll 8
 #endif
 
 AMK_DEVICE long long amk_smem_attn_partial(const AmkTask& t, int nwarps) {
@@ -131,9 +133,6 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
-  int dim[AMK_KV_LANE];
-#pragma unroll
-  for (int x = 0; x < AMK_KV_LANE; ++x) dim[x] = amk_kv_dim(K, sub, x);
 #pragma unroll 1
   for (int jw = ja + amk_warp() * K.R; jw < jb; jw += step * U) {  // warp-uniform: shuffles below are safe
     float kf[U][AMK_KV_LANE];
@@ -142,6 +141,47 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       const int j = jw + u * step + grp;
       amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
     }
+#if AMK_ATTN_SCORES_ILP
+    // one head at a time over the U rows: U independent dot products, shuffle chains and
+    // keys in flight together (the latency of one chain is what a warp waits on), and one
+    // max reduction and atomic per head for all U rows
+#pragma unroll 1
+    for (int h = 0; h < qh; ++h) {
+      float t[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) t[u] = 0.0f;
+#pragma unroll
+      for (int x = 0; x < AMK_KV_LANE; ++x) {
+        const int d = amk_kv_dim(K, sub, x);  // (recomputed: registers are at the kernel's limit)
+        if (d >= hd) continue;
+        const float qx = qs[h * hd + d];
+#pragma unroll
+        for (int u = 0; u < U; ++u) t[u] += qx * kf[u][x];
+      }
+      for (int m = K.G / 2; m > 0; m >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; ++u) t[u] += amk_shfl_xor(t[u], m);
+      constexpr int kNone = -2147483647 - 1;  // below every float's key
+      int key = kNone;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = jw + u * step + grp;
+        t[u] = amk_round(qdt, amk_mul(amk_round(qdt, t[u]), scale));  // HF: rnd(rnd(q.k) * scale)
+        if (j < jb) {
+          const int k = amk_order_key(t[u]);
+          key = k > key ? k : key;
+          if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t[u];
+        }
+      }
+      if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
+        for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
+          const int other = amk_shfl_xor_int(key, m);
+          key = other > key ? other : key;
+        }
+        if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
+      }
+    }
+#else
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = jw + u * step + grp;
@@ -149,27 +189,25 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       for (int h = 0; h < qh; ++h) {
         float s = 0.0f;
 #pragma unroll
-        for (int x = 0; x < AMK_KV_LANE; ++x)
-          if (dim[x] < hd) s += qs[h * hd + dim[x]] * kf[u][x];
+        for (int x = 0; x < AMK_KV_LANE; ++x) {
+          const int d = amk_kv_dim(K, sub, x);
+          if (d < hd) s += qs[h * hd + d] * kf[u][x];
+        }
         for (int m = K.G / 2; m > 0; m >>= 1) s += amk_shfl_xor(s, m);
         const float t = amk_round(qdt, amk_mul(amk_round(qdt, s), scale));  // HF: rnd(rnd(q.k) * scale)
-#if AMK_ATTN_WARP_MAX
-        // the warp's R rows first (integer keys: exact, order-free), then one atomic per warp
         if (mkey != nullptr) {
-          constexpr int kNone = -2147483647 - 1;  // below every float's key
+          constexpr int kNone = -2147483647 - 1;
           int key = j < jb ? amk_order_key(t) : kNone;
-          for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) key = max(key, amk_shfl_xor_int(key, m));
+          for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
+            const int other = amk_shfl_xor_int(key, m);
+            key = other > key ? other : key;
+          }
           if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
         }
         if (sub == 0 && j < jb && j - ja < cap) cache[h * cap + (j - ja)] = t;
-#else
-        if (sub == 0 && j < jb) {
-          if (mkey != nullptr) atomicMax(&mkey[h], amk_order_key(t));
-          if (j - ja < cap) cache[h * cap + (j - ja)] = t;
-        }
-#endif
       }
     }
+#endif
   }
 }
 
