@@ -26,12 +26,12 @@
 #ifndef AMK_ATTN_HB
 #define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
 #endif
-#ifndef AMK_ATTN_SCORES_ILP
-#define AMK_ATTN_SCORES_ILP 1  // experiment switch (0: one row's heads at a time)
-#endif
 #ifndef AMK_ATTN_UNROLL
-#define AMK_ATTN_UNROLL 3  // K/V rows per lane loaded before the first use: 3 x 32 rows per pass covers a
-                           // split of <= 96 rows in one round trip (PERF_NOTES 16); 4 spills beside gemv_unroll 8
+#if (AMK_GEMV_WDTYPES) != 0x3f  // a build for one program's weight dtypes (vm/loader.py makes only these):
+#define AMK_ATTN_UNROLL 3        // 3 x 32 rows per pass cover a split of <= 96 rows in one K round trip
+#else                            // every dtype compiled in (the compile checks; PERF_NOTES 16): a
+#define AMK_ATTN_UNROLL 2        // third row spills on sm_80 beside every GEMV variant
+#endif
 #endif
 
 AMK_DEVICE long long amk_smem_attn_partial(const AmkTask& t, int nwarps) {
@@ -141,7 +141,6 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       const int j = jw + u * step + grp;
       amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
     }
-#if AMK_ATTN_SCORES_ILP
     // one head at a time over the U rows: U independent dot products, shuffle chains and
     // keys in flight together (the latency of one chain is what a warp waits on), and one
     // max reduction and atomic per head for all U rows
@@ -181,33 +180,6 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
         if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
       }
     }
-#else
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = jw + u * step + grp;
-#pragma unroll 1
-      for (int h = 0; h < qh; ++h) {
-        float s = 0.0f;
-#pragma unroll
-        for (int x = 0; x < AMK_KV_LANE; ++x) {
-          const int d = amk_kv_dim(K, sub, x);
-          if (d < hd) s += qs[h * hd + d] * kf[u][x];
-        }
-        for (int m = K.G / 2; m > 0; m >>= 1) s += amk_shfl_xor(s, m);
-        const float t = amk_round(qdt, amk_mul(amk_round(qdt, s), scale));  // HF: rnd(rnd(q.k) * scale)
-        if (mkey != nullptr) {
-          constexpr int kNone = -2147483647 - 1;
-          int key = j < jb ? amk_order_key(t) : kNone;
-          for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
-            const int other = amk_shfl_xor_int(key, m);
-            key = other > key ? other : key;
-          }
-          if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
-        }
-        if (sub == 0 && j < jb && j - ja < cap) cache[h * cap + (j - ja)] = t;
-      }
-    }
-#endif
   }
 }
 

@@ -32,6 +32,15 @@ def test_nvcc_compiles_without_warnings(arch):
     assert ok, output
 
 
+@pytest.mark.parametrize("arch,build", [(80, "bf16"), (80, "int4")])
+def test_nvcc_specialized_builds_without_spills(arch, build):
+    """A program's own build (only its dtypes compiled in) on the tightest arch."""
+    if compile_check.nvcc_path() is None:
+        pytest.skip("nvcc not found (install the CUDA toolkit to check the device sources)")
+    ok, output = compile_check.nvcc_compile(arch, defines=compile_check.SPECIALIZED[build])
+    assert ok, output
+
+
 def test_nvrtc_compiles_sm90():
     """The loader's own build path (in-memory headers, NVRTC options) for the H100."""
     try:

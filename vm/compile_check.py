@@ -17,6 +17,11 @@ from pathlib import Path
 
 ARCHS = (80, 90, 120)
 DEFAULT_THREADS = 256
+# builds for one program's dtypes, as vm/loader.py makes them (AMK_DTYPES, AMK_GEMV_WDTYPES bit masks
+# of ir.DType codes): some tunables (AMK_ATTN_UNROLL) take more registers there than in the
+# every-dtype build above, so these are checked for spills too
+SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04},  # F32, BF16, I32; BF16 weights
+               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20}}  # F32, BF16, I32, U4; U4 weights
 
 
 def nvcc_path() -> str | None:
@@ -27,22 +32,23 @@ def nvcc_path() -> str | None:
     return str(default) if default.exists() else None
 
 
-def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS) -> list[str]:
+def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> list[str]:
     from amk.vm.build import MAIN_SOURCE, source_dirs
 
     vm_dir, ins_dir = source_dirs()
     return [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}",
+            *(f"-D{k}={v}" for k, v in (defines or {}).items()),
             "-Werror", "all-warnings", "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall,-Wextra",
             f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
 
 
-def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS) -> tuple[bool, str]:
+def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> tuple[bool, str]:
     """(ok, compiler output). ok is False on an error or on any warning line."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads)
+        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads, defines)
         proc = subprocess.run(cmd, capture_output=True, text=True)
     output = (proc.stdout + proc.stderr).strip()
     bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
