@@ -143,8 +143,8 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
 // Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
 // into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
 // (mkey == nullptr): every row cached the same way.
-AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const AmkKvRows& V, bool prefetch_v, const float* qs, int ja,
-                                int jb, int qh, float scale, int qdt, int* mkey, float* cache, int cap) {
+AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const AmkKvRows* Vpf, const float* qs, int ja, int jb, int qh,
+                                float scale, int qdt, int* mkey, float* cache, int cap) {
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
@@ -156,7 +156,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const AmkKvRows& V, bool pre
       const int j = jw + u * step + grp;
       amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
 #if AMK_ATTN_V_L1
-      if (prefetch_v && j < jb) amk_kv_prefetch_l1(V, j, sub);
+      if (Vpf != nullptr && j < jb) amk_kv_prefetch_l1(*Vpf, j, sub);
 #endif
     }
     // one head at a time over the U rows: U independent dot products, shuffle chains and
@@ -266,7 +266,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
   // pass 1: scores, the maximum per head, the first cap scores cached
-  amk_attn_scores(K, V, j1 - j0 <= cap, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);  // V rows: if one tile
+  amk_attn_scores(K, j1 - j0 <= cap ? &V : nullptr, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);  // V: one tile
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
   amk_syncthreads();
@@ -277,7 +277,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   for (int jt = j0; jt < j1; jt += cap) {
     const int tn = min(cap, j1 - jt);
     if (jt != j0) {
-      amk_attn_scores(K, V, false, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
+      amk_attn_scores(K, nullptr, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
       amk_syncthreads();
     }
     for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
