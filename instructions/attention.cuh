@@ -26,9 +26,6 @@
 #ifndef AMK_ATTN_HB
 #define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
 #endif
-#ifndef AMK_ATTN_V_L1
-#define AMK_ATTN_V_L1 1  // the score pass hints L1 to fetch the split's V rows (experiment switch)
-#endif
 #ifndef AMK_ATTN_UNROLL
 #if (AMK_GEMV_WDTYPES) != 0x3f  // a build for one program's weight dtypes (vm/loader.py makes only these):
 #define AMK_ATTN_UNROLL 3        // 3 x 32 rows per pass cover a split of <= 96 rows in one K round trip
@@ -122,18 +119,6 @@ AMK_DEVICE void amk_kv_load(const AmkKvRows& r, int j, int sub, float* out) {
   }
 }
 
-// Hint L1 to fetch this lane's part of row j (what amk_kv_load(r, j, sub) will read): the
-// score pass issues it for the V rows so that P.V finds them in L1 instead of one more L2
-// round trip. A hint only: it cannot change what a later load returns.
-AMK_DEVICE void amk_kv_prefetch_l1(const AmkKvRows& r, int j, int sub) {
-  if (j < 0 || !r.vec) return;
-  const amk_i64 row = (amk_i64)j * r.width + r.off;
-  for (int c = 0; c < r.NV; ++c) {
-    const int ch = sub + c * r.G;
-    if (ch < r.C) amk_prefetch_l1((const char*)r.b->ptr + (row + (amk_i64)ch * r.VEC) * r.bytes);
-  }
-}
-
 // Dimension of a lane's float x (>= hd: none).
 AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   const int c = x / r.VEC;
@@ -143,8 +128,8 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
 // Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
 // into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
 // (mkey == nullptr): every row cached the same way.
-AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const AmkKvRows* Vpf, const float* qs, int ja, int jb, int qh,
-                                float scale, int qdt, int* mkey, float* cache, int cap) {
+AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
+                                int* mkey, float* cache, int cap) {
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
@@ -155,9 +140,6 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const AmkKvRows* Vpf, const 
     for (int u = 0; u < U; ++u) {
       const int j = jw + u * step + grp;
       amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
-#if AMK_ATTN_V_L1
-      if (Vpf != nullptr && j < jb) amk_kv_prefetch_l1(*Vpf, j, sub);
-#endif
     }
     // one head at a time over the U rows: U independent dot products, shuffle chains and
     // keys in flight together (the latency of one chain is what a warp waits on), and one
@@ -266,7 +248,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
   // pass 1: scores, the maximum per head, the first cap scores cached
-  amk_attn_scores(K, j1 - j0 <= cap ? &V : nullptr, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);  // V: one tile
+  amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
   amk_syncthreads();
@@ -277,7 +259,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   for (int jt = j0; jt < j1; jt += cap) {
     const int tn = min(cap, j1 - jt);
     if (jt != j0) {
-      amk_attn_scores(K, nullptr, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
+      amk_attn_scores(K, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
       amk_syncthreads();
     }
     for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
