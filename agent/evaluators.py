@@ -317,7 +317,12 @@ class ModelContext:
         self._canonical: dict[str, Any] = {}
 
     def warm(self) -> None:
-        """Build the HF reference of the model dtype now, so it is not charged to a trial's timeout."""
+        """Build the HF reference of the model dtype and load the validator's compiled checks
+        now, so that neither is charged to a trial's timeout."""
+        from amk.eval.synthetic import layered_program
+        from amk.schedule.validate import validate
+
+        validate(layered_program(layers=1, width=2, hidden=64))  # loads (or first compiles, ~25 s) the fast path
         self.hf_logits(self.spec.dtype)
 
     def model_key(self) -> str:

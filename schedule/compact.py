@@ -1,14 +1,14 @@
-"""The compact form of a `Program`: its tasks as integer columns.
+"""The compact form of a `Program`: its buffers, counters and tasks as integer columns.
 
-A `Program` holds one pydantic object per task, operand and wait, which is the right form
-to write, read and edit, but reading a few hundred of them costs milliseconds in Python.
-`CompactProgram` is the same program with everything per-task in int64 arrays (plus the
-distinct params and the task names); the validator's fast path and the program digest
-read it, and anything that makes many programs (fuzzing, search) can build it directly.
+A `Program` holds one pydantic object per buffer, task, operand and wait, which is the
+right form to write, read and edit, but reading a few hundred of them costs milliseconds in
+Python. `CompactProgram` is the same program in int64 arrays (plus the names, the distinct
+params, the target and meta); the validator's fast path and the program digest read it,
+and anything that makes many programs (fuzzing, search) can build it directly.
 
 `compact(program)` and `expand(compact)` are exact inverses for programs whose ids are
-dense and in order (task i has id i, as `validate()` requires); `compact` returns None
-for any other program, which the validator's explaining path then rejects by name.
+dense and in order (as `validate()` requires); `compact` returns None for any other program
+(and for a few other malformed ones), which the validator's explaining path rejects by name.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ _WAIT = itemgetter("counter", "threshold")
 class CompactProgram:
     """A Program with its buffers, counters and tasks as columns. Buffer b is row b of
     `buffers` (BUFFER_COLUMNS) and named buffer_names[b]; counter c has scope
-    counter_scope[c] and name counter_names[c]. Task t's operands are rows
-    op_start[t] .. op_start[t] + n_in[t] + n_out[t] of `operands` (inputs first); its waits
-    are rows wait_start[t] .. wait_start[t] + n_wait[t] of `waits`; queue q is
-    `queue_tasks[queue_start[q] : queue_start[q] + queue_len[q]]`."""
+    counter_scope[c] and name counter_names[c]. Task t's operands are n_in[t] + n_out[t]
+    consecutive rows of `operands` (inputs first), after those of tasks 0..t-1; its waits
+    likewise n_wait[t] rows of `waits`; queue q is the next queue_len[q] entries of
+    `queue_tasks`."""
 
     header: dict[str, Any]  # the Program's other fields (the target and meta as pydantic objects / values)
     buffer_names: list[str]
@@ -59,7 +59,7 @@ class CompactProgram:
     queue_len: np.ndarray  # [nq]
     queue_tasks: np.ndarray  # [sum(queue_len)]
 
-    def __getattr__(self, name: str):  # header fields read like a Program's: cp.buffers, cp.target, ...
+    def __getattr__(self, name: str):  # header fields read like a Program's: cp.target, cp.kv_capacity, ...
         header = self.__dict__.get("header")
         if header is not None and name in header:
             return header[name]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from amk.eval.synthetic import layered_program
-from amk.schedule import ir, validate as V
+from amk.schedule import validate as V
 from amk.schedule.compact import CompactProgram, compact, expand
 from amk.schedule.validate import validate
 from amk.schedule.validator import fast

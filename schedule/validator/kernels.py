@@ -32,11 +32,11 @@ except ImportError:  # pragma: no cover - the GPU image has no numba; validate()
 # why a program was handed to the explaining path (negative: counts are >= 0)
 REJECT_CAPACITY, REJECT_REFERENCE, REJECT_ARITY, REJECT_OPERAND, REJECT_CONSISTENCY = -1, -2, -3, -4, -5
 REJECT_QUANT, REJECT_ALIAS, REJECT_WAIT, REJECT_QUEUE, REJECT_SCOPE = -6, -7, -8, -9, -10
-REJECT_TILE, REJECT_COMPLETE, REJECT_CYCLE, REJECT_RACE, REJECT_STALE = -11, -12, -13, -14, -15
+REJECT_TILE, REJECT_COMPLETE, REJECT_CYCLE, REJECT_RACE, REJECT_STALE, REJECT_BUFFER = -11, -12, -13, -14, -15, -16
 
-# columns of the per-buffer table
+# columns of the per-buffer table the checks read (`buffer_table`)
 B_KIND, B_DTYPE, B_EXTENT, B_GROUP, B_SCALE, B_ZERO, B_MUTABLE, B_OUTPUT, B_BASE = range(9)
-BUFFER_COLUMNS = 9
+BUFINFO_COLUMNS = 9
 # columns of the per-entry table (an entry: distinct params and weight dtype/group)
 (E_WANT_IN, E_WANT_OUT, E_OP, E_HIDDEN, E_COL, E_K, E_K_LO, E_QUANT,
  E_SLOT_W, E_SLOT_W2, E_SLOT_W_SCALE, E_SLOT_W_ZERO, E_SLOT_W2_SCALE, E_SLOT_W2_ZERO) = range(14)
@@ -52,7 +52,6 @@ KIND_WEIGHT, KIND_CONST, KIND_KV, KIND_OUTPUT = int(_K.WEIGHT), int(_K.CONST), i
 KIND_IO_INPUT, KIND_MAX = int(_K.IO_INPUT), max(int(k) for k in _K)
 DTYPE_I8, DTYPE_U4, DTYPE_MAX = int(ir.DType.I8), int(ir.DType.U4), max(int(d) for d in ir.DType)
 FLOAT_DTYPES = sum(1 << int(d) for d in (ir.DType.F32, ir.DType.F16, ir.DType.BF16))
-REJECT_BUFFER = -16
 SCOPE_XCD, SCOPE_MAX = int(ir.Scope.XCD), max(int(c) for c in ir.Scope)
 
 
@@ -62,7 +61,7 @@ def buffer_table(buffers, kv_capacity, dtype_mask):
     quantized weights and their scale/zero companions). Returns (code, `B_*` table, each
     buffer's (dtype, group) variant, how many variants)."""
     nb = buffers.shape[0]
-    info = np.zeros((nb, BUFFER_COLUMNS), np.int64)
+    info = np.zeros((nb, BUFINFO_COLUMNS), np.int64)
     variant = np.zeros(nb, np.int64)
     var_dtype = np.empty(nb, np.int64)
     var_group = np.empty(nb, np.int64)
