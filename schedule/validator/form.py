@@ -30,7 +30,7 @@ SCALAR_SRC = frozenset({K.IO_INPUT, K.ACTIVATION})
 
 class Rule(NamedTuple):  # kinds/dtypes hold IntEnum members, which hash and compare as their int codes
     """What one operand of one role must be. None means 'not constrained here'. (A named
-    tuple: the fast path derives every distinct op's rules on each call, so they must be cheap.)"""
+    tuple: cheap to build and hash; the explaining path derives them per distinct params.)"""
 
     kinds: frozenset
     dtypes: frozenset
