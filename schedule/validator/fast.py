@@ -71,7 +71,7 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     if code < 0:
         return code  # params, capacity, dtype, kv-range, quant-shape, reference
     gemv_params = np.array([p.op == Op.GEMV for p in cp.params], dtype=np.bool_)
-    code, op_start, entry, first, wbuf = kn.task_entries(
+    code, op_start, w_start, entry, first, wbuf = kn.task_entries(
         cp.n_in, cp.n_out, cp.n_wait, cp.out_counter, cp.operands, cp.waits, cp.task_params, len(cp.params),
         gemv_params, buf_variant, n_variants, nc, ir.MAX_INPUTS, ir.MAX_OUTPUTS, ir.MAX_WAITS)
     if code < 0:
@@ -80,7 +80,7 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     if tables is None:
         return None  # params its op cannot interpret, or params problems
     entinfo, slot_rule, elementwise, rules = tables
-    return kn.check_program(op_start, cp.n_in, cp.n_out, cp.n_wait, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
+    return kn.check_program(op_start, cp.n_in, cp.n_out, w_start, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
                             cp.queue_len, cp.queue_tasks, bufinfo, entinfo, slot_rule, elementwise, rules, cp.counter_scope,
                             max(int(cp.target.xcds), 1), ir.MAX_INPUTS)
 
@@ -126,7 +126,17 @@ class _Weight(NamedTuple):
 
 
 _SPECS: dict = {}  # (params field values, weight dtype, group) -> _entry_spec(...): a pure function, memoised
-_SPECS_MAX = 4096
+_MEMO_MAX = 4096  # entries per memo before it starts over
+
+
+def _memo(cache: dict, key, make):
+    """cache[key], made by make() the first time (a memo of a pure function, bounded)."""
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _MEMO_MAX:
+            cache.clear()
+        value = cache[key] = make()
+    return value
 
 
 _TABLES: dict = {}  # the entry keys of a program, in order -> _build_entry_tables(...) (pure, memoised; never written)
@@ -149,23 +159,14 @@ def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     key = tuple(k for _, k in entries)
     if len({k[0] for k in key}) != len(params):
         return None  # equal params listed twice: not the one encoding of this program
-    tables = _TABLES.get(key)
-    if tables is None:
-        if len(_TABLES) >= _SPECS_MAX:
-            _TABLES.clear()
-        tables = _TABLES[key] = _build_entry_tables(entries)
-    return tables
+    return _memo(_TABLES, key, lambda: _build_entry_tables(entries))
 
 
 def _build_entry_tables(entries):
     entinfo, slot_rule, elementwise = [], [], []
     rule_ids: dict = {}
     for p, key in entries:
-        spec = _SPECS.get(key)
-        if spec is None:
-            if len(_SPECS) >= _SPECS_MAX:
-                _SPECS.clear()
-            spec = _SPECS[key] = _entry_spec(p, key[1])
+        spec = _memo(_SPECS, key, lambda: _entry_spec(p, key[1]))
         if spec is False:
             return None
         row, ins, outs, flags = spec

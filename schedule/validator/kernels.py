@@ -137,11 +137,13 @@ def _quant_buffer_ok(buffers, b, nb):
 def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params, n_params, gemv_params, buf_variant,
                  n_variants, nc, max_in, max_out, max_waits):
     """Caps and references, params used in order of first use; then each task's entry (its
-    params and, for a GEMV, its weight buffer's dtype and group). Returns (code, operand start, entry per task, first task of
-    each entry, weight buffer per task)."""
+    params and, for a GEMV, its weight buffer's dtype and group). Returns (code, where each
+    task's operands start, where its waits start [nt + 1], entry per task, first task of each
+    entry, weight buffer per task)."""
     nt = n_in.shape[0]
     nb = buf_variant.shape[0]
     op_start = np.empty(nt, np.int64)
+    w_start = np.zeros(nt + 1, np.int64)
     entry = np.full(nt, -1, np.int64)
     wbuf = np.full(nt, -1, np.int64)
     first = np.empty(nt, np.int64)
@@ -149,31 +151,32 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
     at = 0
     for t in range(nt):
         if n_in[t] < 0 or n_out[t] < 0 or n_wait[t] < 0:
-            return REJECT_CAPACITY, op_start, entry, first[:0], wbuf
+            return REJECT_CAPACITY, op_start, w_start, entry, first[:0], wbuf
         if n_in[t] > max_in or n_out[t] > max_out or n_wait[t] > max_waits:
-            return REJECT_CAPACITY, op_start, entry, first[:0], wbuf
+            return REJECT_CAPACITY, op_start, w_start, entry, first[:0], wbuf
         op_start[t] = at
         at += n_in[t] + n_out[t]
+        w_start[t + 1] = w_start[t] + n_wait[t]
     if at != operands.shape[0]:
-        return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+        return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
     for i in range(operands.shape[0]):
         if operands[i, 0] < 0 or operands[i, 0] >= nb:
-            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+            return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
     for i in range(waits.shape[0]):
         if waits[i, 0] < 0 or waits[i, 0] >= nc:
-            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+            return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
     slot_of = np.full(n_params * (n_variants + 1), -1, np.int64)
     used = np.zeros(n_params, np.bool_)
     n_used = 0
     for t in range(nt):
         if out_counter[t] < 0 or out_counter[t] >= nc:
-            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+            return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
         p = task_params[t]
         if p < 0 or p >= n_params:
-            return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+            return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
         if not used[p]:  # one encoding per program: params listed in order of first use
             if p != n_used:
-                return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
+                return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
             used[p] = True
             n_used += 1
         v = 0
@@ -187,8 +190,8 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
             ne += 1
         entry[t] = slot_of[key]
     if n_used != n_params:
-        return REJECT_REFERENCE, op_start, entry, first[:0], wbuf
-    return 0, op_start, entry, first[:ne], wbuf
+        return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
+    return 0, op_start, w_start, entry, first[:ne], wbuf
 
 
 @inline
@@ -296,12 +299,11 @@ def _no_self_alias(s0, nin, nout, e, operands, elementwise):
 
 
 @jit
-def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd):
+def check_waits_and_queues(w_start, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd):
     """Thresholds (every wait a full join of >= 1 producers), no self-wait, no counter
     waited on twice; every task in exactly one queue; counter scopes are Scope codes and
-    the XCD scope rule holds. Returns (code,
-    queue of each task, position in it)."""
-    nt = n_wait.shape[0]
+    the XCD scope rule holds. Returns (code, queue of each task, position in it)."""
+    nt = out_counter.shape[0]
     queue_of = np.full(nt, -1, np.int64)
     pos = np.full(nt, -1, np.int64)
     for c in range(nc):
@@ -310,16 +312,14 @@ def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_task
     nprod = np.zeros(nc, np.int64)
     for t in range(nt):
         nprod[out_counter[t]] += 1
-    w0 = 0
     for t in range(nt):
-        for i in range(w0, w0 + n_wait[t]):
+        for i in range(w_start[t], w_start[t + 1]):
             c, thr = waits[i, 0], waits[i, 1]
             if thr < 1 or thr != nprod[c] or c == out_counter[t]:
                 return REJECT_WAIT, queue_of, pos
-            for j in range(w0, i):
+            for j in range(w_start[t], i):
                 if waits[j, 0] == c:
                     return REJECT_WAIT, queue_of, pos
-        w0 += n_wait[t]
     if queue_tasks.shape[0] != nt:
         return REJECT_QUEUE, queue_of, pos
     at = 0
@@ -346,21 +346,20 @@ def check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_task
             x = queue_of[t] % n_xcd
             lo[c] = min(lo[c], x)
             hi[c] = max(hi[c], x)
-    w0 = 0
     for t in range(nt):
         x = queue_of[t] % n_xcd
-        for i in range(w0, w0 + n_wait[t]):
+        for i in range(w_start[t], w_start[t + 1]):
             c = waits[i, 0]
             if scope[c] == SCOPE_XCD and hi[c] >= 0 and (x != lo[c] or x != hi[c]):
                 return REJECT_SCOPE, queue_of, pos
-        w0 += n_wait[t]
     return 0, queue_of, pos
 
 
 @jit
 def accesses(op_start, n_in, n_out, operands, bufinfo):
     """Every mutable-buffer access as an interval on one axis (each buffer its own range; a
-    KV cache by column): (task, buffer, lo, hi, write), in operand order."""
+    KV cache by column): (task, buffer, lo, hi, write), in operand order, and where each
+    task's intervals start [nt + 1]."""
     nt = n_in.shape[0]
     n = 0
     for i in range(operands.shape[0]):
@@ -371,8 +370,10 @@ def accesses(op_start, n_in, n_out, operands, bufinfo):
     a_lo = np.empty(n, np.int64)
     a_hi = np.empty(n, np.int64)
     a_write = np.empty(n, np.bool_)
+    a_start = np.empty(nt + 1, np.int64)
     k = 0
     for t in range(nt):
+        a_start[t] = k
         s0 = op_start[t]
         for j in range(n_in[t] + n_out[t]):
             i = s0 + j
@@ -388,7 +389,8 @@ def accesses(op_start, n_in, n_out, operands, bufinfo):
                 if hi > lo:
                     a_task[k], a_buf[k], a_lo[k], a_hi[k], a_write[k] = t, b, lo + base, hi + base, j >= n_in[t]
                     k += 1
-    return a_task[:k], a_buf[:k], a_lo[:k], a_hi[:k], a_write[:k]
+    a_start[nt] = k
+    return a_task[:k], a_buf[:k], a_lo[:k], a_hi[:k], a_write[:k], a_start
 
 
 @jit
@@ -424,11 +426,11 @@ def check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb):
 
 
 @jit
-def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, queue_of, pos):
+def order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, queue_of, pos):
     """Kahn's algorithm over tasks and counters (producer -> counter -> waiter, and queue
-    order); the union graph must be acyclic. Returns (code, each task's rank in a linear
-    extension of happens-before, vector clocks): clock[t, q] is the highest position of
-    queue q that happens before (or is) task t."""
+    order); the union graph must be acyclic. Returns (code, the tasks in a linear extension
+    of happens-before, vector clocks): clock[t, q] is the highest position of queue q that
+    happens before (or is) task t."""
     nt = out_counter.shape[0]
     nq = queue_len.shape[0]
     n = nt + nc
@@ -441,10 +443,6 @@ def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, que
             qnext[queue_tasks[at + k]] = queue_tasks[at + k + 1]
             qprev[queue_tasks[at + k + 1]] = queue_tasks[at + k]
         at += queue_len[q]
-    w_start = np.empty(nt + 1, np.int64)
-    w_start[0] = 0
-    for t in range(nt):
-        w_start[t + 1] = w_start[t] + n_wait[t]
     wait_deg = np.zeros(nc + 1, np.int64)
     for i in range(waits.shape[0]):
         wait_deg[waits[i, 0] + 1] += 1
@@ -463,7 +461,7 @@ def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, que
             indeg[qnext[t]] += 1
     clock = np.full((nt + 1, max(nq, 1)), -1, np.int32)  # row nt: no queue predecessor
     cclock = np.full((nc, max(nq, 1)), -1, np.int32)
-    rank = np.empty(nt, np.int64)
+    topo = np.empty(nt, np.int64)
     stack = np.empty(n, np.int64)
     top = 0
     for v in range(n):
@@ -489,7 +487,7 @@ def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, que
             c = out_counter[t]
             for q in range(nq):
                 cclock[c, q] = max(cclock[c, q], clock[t, q])
-            rank[t] = r
+            topo[r] = t
             r += 1
             succ = (nt + c, qnext[t])
             for s in succ:
@@ -507,17 +505,17 @@ def order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, que
                     stack[top] = s
                     top += 1
     if done != n:
-        return REJECT_CYCLE, rank, clock
-    return 0, rank, clock
+        return REJECT_CYCLE, topo, clock
+    return 0, topo, clock
 
 
 @jit
-def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
+def race_free(a_lo, a_hi, a_write, a_start, topo, clock, queue_of, pos):
     """Every conflicting access pair ordered by happens-before, no read of what nothing
     wrote earlier this step. Returns the ordering checks made (>= 0), or a REJECT code.
 
-    The axis is cut at every interval end; the accesses of each segment, taken in rank
-    order, must each come after the segment's previous writer, and each reader before the
+    The axis is cut at every interval end; the accesses of each segment, taken in happens-
+    before order, must each come after the segment's previous writer, and each reader before the
     next writer (the writers then form a chain that orders everything by transitivity).
     A task's accesses of one segment count once (an in-place task reads and writes it)."""
     n = a_lo.shape[0]
@@ -533,23 +531,6 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
     points = points[:nseg]
     s_lo = np.searchsorted(points, a_lo)
     s_hi = np.searchsorted(points, a_hi)
-    # the intervals come grouped by task in task order; visit the groups in rank order
-    nt = rank.shape[0]
-    group_start = np.full(nt + 1, n, np.int64)
-    for i in range(n - 1, -1, -1):
-        group_start[a_task[i]] = i
-    for t in range(nt - 1, -1, -1):
-        group_start[t] = min(group_start[t], group_start[t + 1])
-    by_rank = np.empty(n, np.int64)
-    task_at = np.empty(nt, np.int64)
-    for t in range(nt):
-        task_at[rank[t]] = t
-    k = 0
-    for r in range(nt):
-        t = task_at[r]
-        for i in range(group_start[t], group_start[t + 1]):
-            by_rank[k] = i
-            k += 1
     # per segment: the last writer's (queue, position), or queue -1; the readers since then,
     # as (queue, position) in a linked list. Task a happens before task b iff
     # clock[b, queue of a] >= position of a.
@@ -567,12 +548,9 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
     flags = np.zeros(nseg, np.int64)
     touched = np.empty(nseg, np.int64)
     checks = 0
-    i = 0
-    while i < n:
-        t = a_task[by_rank[i]]
+    for t in topo:  # tasks in happens-before order
         m = 0
-        while i < n and a_task[by_rank[i]] == t:  # one task's intervals: merge them per segment
-            k = by_rank[i]
+        for k in range(a_start[t], a_start[t + 1]):  # the task's intervals: merged per segment
             bit = 2 if a_write[k] else 1
             for s in range(s_lo[k], s_hi[k]):
                 if stamp[s] != t:
@@ -581,7 +559,6 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
                     touched[m] = s
                     m += 1
                 flags[s] |= bit
-            i += 1
         row = clock[t]
         tq, tpos = queue_of[t], pos[t]
         for j in range(m):
@@ -609,7 +586,7 @@ def race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos):
 
 
 @jit
-def check_program(op_start, n_in, n_out, n_wait, entry, wbuf, out_counter, operands, waits, queue_len, queue_tasks,
+def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, operands, waits, queue_len, queue_tasks,
                   bufinfo, entinfo, slot_rule, elementwise, rules, scope, n_xcd, max_in):
     """Everything after the entry tables, in one call: tasks, waits and queues, tiles and
     completeness, order, races. The ordering checks made, or a REJECT code."""
@@ -617,14 +594,14 @@ def check_program(op_start, n_in, n_out, n_wait, entry, wbuf, out_counter, opera
     code = check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in)
     if code < 0:
         return code
-    code, queue_of, pos = check_waits_and_queues(n_wait, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd)
+    code, queue_of, pos = check_waits_and_queues(w_start, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd)
     if code < 0:
         return code
-    a_task, a_buf, a_lo, a_hi, a_write = accesses(op_start, n_in, n_out, operands, bufinfo)
+    a_task, a_buf, a_lo, a_hi, a_write, a_start = accesses(op_start, n_in, n_out, operands, bufinfo)
     code = check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb)
     if code < 0:
         return code
-    code, rank, clock = order_and_clocks(out_counter, n_wait, waits, nc, queue_len, queue_tasks, queue_of, pos)
+    code, topo, clock = order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, queue_of, pos)
     if code < 0:
         return code
-    return race_free(a_task, a_lo, a_hi, a_write, rank, clock, queue_of, pos)
+    return race_free(a_lo, a_hi, a_write, a_start, topo, clock, queue_of, pos)
