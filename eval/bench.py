@@ -43,7 +43,6 @@ baselines (host timers): for tests of the harness only, never for results.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 import time
@@ -653,8 +652,8 @@ def run_bench(o: BenchOptions, log=print) -> dict:
 
 def _with_vm_defines(command: str) -> str:
     """The command as run: an $AMK_VM_DEFINES experiment changes the kernel, so it is part of it."""
-    env = os.environ.get("AMK_VM_DEFINES", "").strip()
-    return f"AMK_VM_DEFINES={shlex.quote(env)} {command}" if env else command
+    defines = experiment_defines()
+    return "AMK_VM_DEFINES=" + ",".join(f"{k}={v}" for k, v in defines.items()) + " " + command if defines else command
 
 
 # ------------------------------------------------------------------------------- output
