@@ -319,10 +319,9 @@ class ModelContext:
     def warm(self) -> None:
         """Build the HF reference of the model dtype and load the validator's compiled checks
         now, so that neither is charged to a trial's timeout."""
-        from amk.eval.synthetic import layered_program
-        from amk.schedule.validate import validate
+        from amk.eval.synthetic import warm_validator
 
-        validate(layered_program(layers=1, width=2, hidden=64))  # loads (or first compiles, ~25 s) the fast path
+        warm_validator()
         self.hf_logits(self.spec.dtype)
 
     def model_key(self) -> str:

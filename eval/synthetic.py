@@ -78,3 +78,12 @@ def layered_program(layers: int = 2, width: int = 4, hidden: int = 64, vocab: in
         qs[t.id % nq].append(t.id)
     return ir.Program(name=f"layered-{layers}x{width}", target=tgt, buffers=bufs, counters=counters, tasks=tasks,
                       queues=[q for q in qs if q])
+
+
+def warm_validator() -> None:
+    """Load the validator's compiled fast path now (from numba's cache, or compiling it once
+    after an install or a change), by validating a tiny program, so that a later timed
+    validation is not charged for it."""
+    from amk.schedule.validate import validate
+
+    assert validate(layered_program(layers=1, width=2, hidden=64)).accepted

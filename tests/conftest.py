@@ -10,8 +10,7 @@ def _validator_compiled():
     """Compile (or load from numba's cache) the validator's fast path once, up front: on a
     fresh checkout the first validation compiles for ~25 s, which must not land inside a
     test that times a subprocess (the autotune kill/resume test, trial timeouts)."""
-    from amk.eval.synthetic import layered_program
-    from amk.schedule.validate import validate
+    from amk.eval.synthetic import warm_validator
 
-    assert validate(layered_program(layers=1, width=2, hidden=64)).accepted
+    warm_validator()
     yield
