@@ -86,9 +86,13 @@ class CompactProgram:
         return len(self.waits)
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """Every integer column, in the order the program digest hashes them."""
-        return (self.buffers, self.counter_scope, self.task_params, self.out_counter, self.n_in, self.n_out, self.n_wait, self.operands, self.waits,
-                self.queue_len, self.queue_tasks)
+        """Every integer column (COLUMN_NAMES), in the order the program digest hashes them."""
+        f = self.__dict__
+        return tuple(f[name] for name in COLUMN_NAMES)
+
+
+COLUMN_NAMES = ("buffers", "counter_scope", "task_params", "out_counter", "n_in", "n_out", "n_wait", "operands", "waits",
+                "queue_len", "queue_tasks")  # CompactProgram's integer columns, in digest order
 
 
 def _ints(values: list) -> np.ndarray:

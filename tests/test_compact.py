@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from amk.eval.synthetic import layered_program
 from amk.schedule import ir, validate as V
-from amk.schedule.compact import HEADER_FIELDS, OPERAND_COLUMNS, CompactProgram, compact, expand
+from amk.schedule.compact import COLUMN_NAMES, HEADER_FIELDS, OPERAND_COLUMNS, CompactProgram, compact, expand
 from amk.schedule.validate import validate
 from amk.schedule.validator import fast
 from amk.schedule.validator.report import Report
@@ -116,7 +116,7 @@ def test_malformed_columns_are_rejected(programs):
 
 
 # columns and the values a mutation may write: in range, just out of range, far out of range
-_COLUMNS = ("buffers", "counter_scope", "task_params", "out_counter", "n_in", "n_out", "n_wait", "operands", "waits", "queue_len", "queue_tasks")
+_COLUMNS = COLUMN_NAMES
 _VALUES = st.one_of(st.integers(-3, 70), st.sampled_from([-(1 << 62), (1 << 40), (1 << 62)]))
 
 
@@ -142,3 +142,19 @@ def test_mutated_columns_never_crash_and_never_fool_the_fast_path(edits):
     prog = expand(mutated)
     assert V._run_checks(prog, rep) == quick and rep.ok
     assert res.model_dump() == validate(prog).model_dump()
+
+
+@pytest.mark.skipif(not fast.AVAILABLE, reason="numba is not installed")
+@settings(max_examples=60, deadline=None)
+@given(data=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 40)), min_size=1, max_size=60), far=st.booleans())
+def test_segment_ranks_by_table_and_by_sorting_agree(data, far):
+    """`kernels.segments` ranks interval ends with a table on small axes and by sorting on
+    large ones: both give each end's rank among the distinct ends."""
+    from amk.schedule.validator import kernels as kn
+
+    lo = np.array([a for a, _ in data], dtype=np.int64) + ((1 << 40) if far else 0)  # far: the sorting branch
+    hi = lo + np.array([n for _, n in data], dtype=np.int64)
+    s_lo, s_hi, nseg = kn.segments(lo, hi)
+    points = np.unique(np.concatenate((lo, hi)))
+    assert nseg == len(points)
+    assert (s_lo == np.searchsorted(points, lo)).all() and (s_hi == np.searchsorted(points, hi)).all()

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from amk.schedule import ir
-from amk.schedule.compact import BUFFER_COLUMNS, HEADER_FIELDS, CompactProgram
+from amk.schedule.compact import BUFFER_COLUMNS, COLUMN_NAMES as _COLUMN_NAMES, HEADER_FIELDS, CompactProgram
 from amk.schedule.ir import DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
@@ -87,35 +87,40 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
 
 def _header_ok(cp: CompactProgram) -> bool:
     """`form.check_program_header`'s rules (ids are dense by construction)."""
-    t = cp.target
-    nt, nq = cp.num_tasks, cp.num_queues
-    if nt == 0 or nt > ir.MAX_TASKS or cp.num_buffers > ir.MAX_BUFFERS or cp.num_counters > ir.MAX_COUNTERS:
+    h = cp.header  # (read the dict: the attribute hook costs a microsecond a field)
+    t, tpb = h["target"], h["threads_per_block"]
+    nt, nq = len(cp.task_params), len(cp.queue_len)
+    if nt == 0 or nt > ir.MAX_TASKS or len(cp.buffers) > ir.MAX_BUFFERS or len(cp.counter_scope) > ir.MAX_COUNTERS:
         return False  # (the empty program is left to the explaining path)
-    tpb = cp.threads_per_block
-    if not (t.warp_size <= tpb <= ir.MAX_THREADS and tpb % t.warp_size == 0) or cp.blocks_per_cu < 1:
+    warp = t.warp_size
+    if not (warp <= tpb <= ir.MAX_THREADS and tpb % warp == 0) or h["blocks_per_cu"] < 1:
         return False
-    return 0 < nq <= min(ir.MAX_QUEUES, coresident_blocks(t, tpb, cp.blocks_per_cu))
+    return 0 < nq <= min(ir.MAX_QUEUES, coresident_blocks(t, tpb, h["blocks_per_cu"]))
+
+
+_INT64 = np.dtype(np.int64)
+_MATRICES = {"buffers": len(BUFFER_COLUMNS), "operands": 6, "waits": 2}  # the 2-D columns and their widths
 
 
 def _columns_ok(cp: CompactProgram) -> bool:
     """The columns have the types and lengths the compiled checks index by (a hand-built
     CompactProgram may not)."""
-    nt = cp.num_tasks
-    cols = cp.arrays()
-    if not all(isinstance(a, np.ndarray) and a.dtype == np.int64 and a.flags.c_contiguous for a in cols):
+    f = cp.__dict__
+    for name in _COLUMN_NAMES:
+        a = f[name]
+        if type(a) is not np.ndarray or a.dtype is not _INT64 or not a.flags.c_contiguous:
+            return False
+        width = _MATRICES.get(name)
+        if (a.ndim != 1) if width is None else (a.ndim != 2 or a.shape[1] != width):
+            return False
+    nt = len(f["task_params"])
+    if len(f["buffer_names"]) != len(f["buffers"]) or len(f["counter_names"]) != len(f["counter_scope"]):
         return False
-    if any(a.ndim != 1 for a in (cp.counter_scope, cp.task_params, cp.out_counter, cp.n_in, cp.n_out, cp.n_wait,
-                                 cp.queue_len, cp.queue_tasks)):
+    if f["header"].keys() != _HEADER_KEYS or len(f["names"]) != nt:
         return False
-    if cp.operands.ndim != 2 or cp.operands.shape[1] != 6 or cp.waits.ndim != 2 or cp.waits.shape[1] != 2:
+    if not len(f["out_counter"]) == len(f["n_in"]) == len(f["n_out"]) == len(f["n_wait"]) == nt:
         return False
-    if cp.buffers.ndim != 2 or cp.buffers.shape[1] != len(BUFFER_COLUMNS) or len(cp.buffer_names) != cp.num_buffers:
-        return False
-    if len(cp.counter_names) != cp.num_counters or cp.header.keys() != _HEADER_KEYS:
-        return False
-    if not all(len(a) == nt for a in (cp.out_counter, cp.n_in, cp.n_out, cp.n_wait)) or len(cp.names) != nt:
-        return False
-    return int(cp.n_wait.sum()) == len(cp.waits)
+    return int(f["n_wait"].sum()) == len(f["waits"])
 
 
 class _Weight(NamedTuple):

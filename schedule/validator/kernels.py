@@ -100,7 +100,8 @@ def buffer_table(buffers, kv_capacity, dtype_mask):
         info[b, B_GROUP], info[b, B_SCALE], info[b, B_ZERO] = max(group, 0), scale, zero
         info[b, B_MUTABLE] = kind != KIND_WEIGHT and kind != KIND_CONST and kind != KIND_IO_INPUT
         info[b, B_OUTPUT] = kind == KIND_OUTPUT
-        base += extent
+        if info[b, B_MUTABLE]:  # the access axis spans the mutable buffers only (race_free ranks it)
+            base += extent
         v = 0
         while v < nv and (var_dtype[v] != dtype or var_group[v] != group):
             v += 1
@@ -196,21 +197,20 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
 
 @inline
 def _operand_ok(operands, i, rules, r, bufinfo):
+    """Operand i against rule r: kind, dtype, KV mode, shape, bounds. (Bitwise `|` rather
+    than `or`: one branch instead of a dozen, ~2x faster on the common all-pass path.)"""
     buf, off, ln, count, stride, kv = operands[i, 0], operands[i, 1], operands[i, 2], operands[i, 3], operands[i, 4], operands[i, 5]
-    kind, dtype = bufinfo[buf, B_KIND], bufinfo[buf, B_DTYPE]
-    if (rules[r, R_KINDS] >> kind) & 1 == 0 or (rules[r, R_DTYPES] >> dtype) & 1 == 0 or kv != rules[r, R_KV]:
+    kind, dtype, ext = bufinfo[buf, B_KIND], bufinfo[buf, B_DTYPE], bufinfo[buf, B_EXTENT]
+    r_len, r_count, r_stride, r_off = rules[r, R_LEN], rules[r, R_COUNT], rules[r, R_STRIDE], rules[r, R_OFF]
+    bad = (((rules[r, R_KINDS] >> kind) & 1) == 0) | (((rules[r, R_DTYPES] >> dtype) & 1) == 0) | (kv != rules[r, R_KV])
+    bad |= (off < 0) | (ln < 1) | (count < 1) | (stride < 0) | (off > ext) | (ln > ext - off)
+    bad |= ((r_len >= 0) & (r_len != ln)) | ((r_count >= 0) & (r_count != count)) | ((r_off >= 0) & (r_off != off))
+    repeated = count != 1
+    bad |= repeated & (((r_stride >= 0) & (r_stride != stride)) | (stride < ln) | (kv != 0))
+    if bad:
         return False
-    if off < 0 or ln < 1 or count < 1 or stride < 0:
-        return False
-    if float(off) + float(count - 1) * float(stride) + float(ln) > float(bufinfo[buf, B_EXTENT]):  # float: no overflow
-        return False
-    if (rules[r, R_LEN] >= 0 and rules[r, R_LEN] != ln) or (rules[r, R_COUNT] >= 0 and rules[r, R_COUNT] != count):
-        return False
-    if rules[r, R_OFF] >= 0 and rules[r, R_OFF] != off:
-        return False
-    if count != 1 and not ((rules[r, R_STRIDE] < 0 or rules[r, R_STRIDE] == stride) and stride >= ln and kv == 0):
-        return False
-    return True
+    # the last repetition ends in bounds: (count - 1) * stride <= ext - off - ln, without overflow
+    return not repeated or (count - 1) <= (ext - off - ln) // stride  # stride >= ln >= 1 here
 
 
 @jit
@@ -394,21 +394,20 @@ def accesses(op_start, n_in, n_out, operands, bufinfo):
 
 
 @jit
-def check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb):
+def check_tiles(a_task, a_buf, a_lo, a_hi, a_write, s_lo, nseg, out_counter, bufinfo, nb):
     """The writers of one counter tile each buffer they write without overlap or gap;
-    every IO_OUTPUT buffer is written whole."""
+    every IO_OUTPUT buffer is written whole. (Buffers own disjoint ranges of the access
+    axis, so ordering by position orders by buffer too; `s_lo` ranks the positions.)"""
     w = np.flatnonzero(a_write)
     task, buf, lo, hi = a_task[w], a_buf[w], a_lo[w], a_hi[w]
     counter = out_counter[task]
-    srt = np.argsort(lo, kind="mergesort")
-    srt = srt[np.argsort((counter * nb + buf)[srt], kind="mergesort")]  # by (counter, buffer, lo), stably
+    srt = np.argsort(counter * (nseg + 1) + s_lo[w])  # by (counter, position); ties are overlaps either way
     for i in range(1, srt.shape[0]):
         a, b = srt[i - 1], srt[i]
         if counter[a] == counter[b] and buf[a] == buf[b] and task[a] != task[b] and lo[b] != hi[a]:
             return REJECT_TILE
     out = np.flatnonzero(bufinfo[buf, B_OUTPUT] != 0)
-    srt = out[np.argsort(lo[out], kind="mergesort")]
-    srt = srt[np.argsort(buf[srt], kind="mergesort")]
+    srt = out[np.argsort(lo[out])]
     covered = np.zeros(nb, np.int64)
     reach = -1
     cur = -1
@@ -476,17 +475,18 @@ def order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, qu
         done += 1
         if v < nt:
             t = v
-            p = qprev[t]
+            row, prev = clock[t], clock[qprev[t]]  # (1-D rows: the loops below vectorize)
             for q in range(nq):
-                clock[t, q] = clock[p, q]
+                row[q] = prev[q]
             for i in range(w_start[t], w_start[t + 1]):  # every wait is a full join (checked)
-                wc = waits[i, 0]
+                joined = cclock[waits[i, 0]]
                 for q in range(nq):
-                    clock[t, q] = max(clock[t, q], cclock[wc, q])
-            clock[t, queue_of[t]] = pos[t]
+                    row[q] = max(row[q], joined[q])
+            row[queue_of[t]] = pos[t]
             c = out_counter[t]
+            crow = cclock[c]
             for q in range(nq):
-                cclock[c, q] = max(cclock[c, q], clock[t, q])
+                crow[q] = max(crow[q], row[q])
             topo[r] = t
             r += 1
             succ = (nt + c, qnext[t])
@@ -510,43 +510,64 @@ def order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, qu
 
 
 @jit
-def race_free(a_lo, a_hi, a_write, a_start, topo, clock, queue_of, pos):
+def segments(a_lo, a_hi):
+    """Each interval's first and end segment when the axis is cut at every interval end:
+    the rank of lo and of hi among the distinct ends. Small axes (the usual case) are
+    ranked by marking the ends in a table, large ones by sorting."""
+    n = a_lo.shape[0]
+    top = 0
+    for i in range(n):
+        top = max(top, a_hi[i])
+    if top <= 16 * n + 4096:  # a table no bigger than the intervals themselves, give or take
+        rank = np.zeros(top + 1, np.int32)
+        for i in range(n):
+            rank[a_lo[i]] = 1
+            rank[a_hi[i]] = 1
+        seen = 0
+        for v in range(top + 1):  # rank[v]: distinct ends below v
+            mark = rank[v]
+            rank[v] = seen
+            seen += mark
+        s_lo, s_hi = np.empty(n, np.int32), np.empty(n, np.int32)
+        for i in range(n):
+            s_lo[i], s_hi[i] = rank[a_lo[i]], rank[a_hi[i]]
+        return s_lo, s_hi, seen
+    points = np.unique(np.concatenate((a_lo, a_hi)))
+    return (np.searchsorted(points, a_lo).astype(np.int32), np.searchsorted(points, a_hi).astype(np.int32),
+            points.shape[0])
+
+
+@jit
+def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
     """Every conflicting access pair ordered by happens-before, no read of what nothing
     wrote earlier this step. Returns the ordering checks made (>= 0), or a REJECT code.
 
     The axis is cut at every interval end; the accesses of each segment, taken in happens-
     before order, must each come after the segment's previous writer, and each reader before the
     next writer (the writers then form a chain that orders everything by transitivity).
-    A task's accesses of one segment count once (an in-place task reads and writes it)."""
-    n = a_lo.shape[0]
+    A task's accesses of one segment count once (an in-place task reads and writes it).
+    Access k covers segments s_lo[k] .. s_hi[k] - 1 of nseg (`segments`)."""
+    n = s_lo.shape[0]
     if n == 0:
         return 0
-    ends = np.sort(np.concatenate((a_lo, a_hi)))
-    points = np.empty(ends.shape[0], np.int64)
-    nseg = 0
-    for i in range(ends.shape[0]):
-        if nseg == 0 or ends[i] != points[nseg - 1]:
-            points[nseg] = ends[i]
-            nseg += 1
-    points = points[:nseg]
-    s_lo = np.searchsorted(points, a_lo)
-    s_hi = np.searchsorted(points, a_hi)
     # per segment: the last writer's (queue, position), or queue -1; the readers since then,
-    # as (queue, position) in a linked list. Task a happens before task b iff
-    # clock[b, queue of a] >= position of a.
-    writer_q = np.full(nseg, -1, np.int64)
-    writer_pos = np.zeros(nseg, np.int64)
-    pending = np.full(nseg, -1, np.int64)
-    total = 0
-    for i in range(n):
-        total += s_hi[i] - s_lo[i]
-    pool_q = np.empty(total, np.int64)
-    pool_pos = np.empty(total, np.int64)
-    pool_next = np.empty(total, np.int64)
-    used = 0
-    stamp = np.full(nseg, -1, np.int64)
-    flags = np.zeros(nseg, np.int64)
-    touched = np.empty(nseg, np.int64)
+    # as (queue, position) pairs in the segment's own run of `readers` (sized by a count of
+    # its reading accesses: a writer scans them in order, no list to chase). Task a happens
+    # before task b iff clock[b, queue of a] >= position of a. (int32: all of these fit)
+    writer_q = np.full(nseg, -1, np.int32)
+    writer_pos = np.zeros(nseg, np.int32)
+    fill = np.zeros(nseg + 1, np.int64)
+    for k in range(n):
+        if not a_write[k]:
+            for s in range(s_lo[k], s_hi[k]):
+                fill[s + 1] += 1
+    for s in range(nseg):
+        fill[s + 1] += fill[s]
+    readers = np.empty(2 * fill[nseg], np.int32)
+    pending = fill[:nseg].copy()  # the segment's readers since its last writer: readers[pending[s]:fill[s]] (pairs)
+    stamp = np.full(nseg, -1, np.int32)
+    flags = np.zeros(nseg, np.int8)  # bit 0: the task reads the segment, bit 1: writes it
+    touched = np.empty(nseg, np.int32)
     checks = 0
     for t in topo:  # tasks in happens-before order
         m = 0
@@ -555,33 +576,33 @@ def race_free(a_lo, a_hi, a_write, a_start, topo, clock, queue_of, pos):
             for s in range(s_lo[k], s_hi[k]):
                 if stamp[s] != t:
                     stamp[s] = t
-                    flags[s] = 0
+                    flags[s] = bit
                     touched[m] = s
                     m += 1
-                flags[s] |= bit
+                else:
+                    flags[s] |= bit
         row = clock[t]
         tq, tpos = queue_of[t], pos[t]
         for j in range(m):
             s = touched[j]
-            if writer_q[s] >= 0:
-                if row[writer_q[s]] < writer_pos[s]:
+            wq, f = writer_q[s], flags[s]
+            if wq >= 0:
+                if row[wq] < writer_pos[s]:
                     return REJECT_RACE
                 checks += 1
-            elif flags[s] & 1:
+            elif f & 1:
                 return REJECT_STALE
-            if flags[s] & 2:
-                p = pending[s]
-                while p >= 0:
-                    if row[pool_q[p]] < pool_pos[p]:
+            if f & 2:
+                for p in range(pending[s], fill[s]):
+                    if row[readers[2 * p]] < readers[2 * p + 1]:
                         return REJECT_RACE
-                    checks += 1
-                    p = pool_next[p]
-                pending[s] = -1
+                checks += fill[s] - pending[s]
+                pending[s] = fill[s]
                 writer_q[s], writer_pos[s] = tq, tpos
             else:
-                pool_q[used], pool_pos[used], pool_next[used] = tq, tpos, pending[s]
-                pending[s] = used
-                used += 1
+                p = fill[s]
+                readers[2 * p], readers[2 * p + 1] = tq, tpos
+                fill[s] = p + 1
     return checks
 
 
@@ -598,10 +619,12 @@ def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, oper
     if code < 0:
         return code
     a_task, a_buf, a_lo, a_hi, a_write, a_start = accesses(op_start, n_in, n_out, operands, bufinfo)
-    code = check_tiles(a_task, a_buf, a_lo, a_hi, a_write, out_counter, bufinfo, nb)
+    s_lo, s_hi, nseg = segments(a_lo, a_hi)
+    code = check_tiles(a_task, a_buf, a_lo, a_hi, a_write, s_lo, nseg, out_counter, bufinfo, nb)
     if code < 0:
         return code
     code, topo, clock = order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, queue_of, pos)
     if code < 0:
         return code
-    return race_free(a_lo, a_hi, a_write, a_start, topo, clock, queue_of, pos)
+    return race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos)
+
