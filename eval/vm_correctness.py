@@ -78,6 +78,7 @@ def bf16_smollm2_figures(mk, hf, spec, weights, prompt: list[int], ours: list[in
     hf_lg = hf_logits(hf, ids)[first:].float().cpu()
     ref32 = build_hf_model(spec, _bf16_valued_fp32(weights), dtype="float32", device=device)
     r32 = hf_logits(ref32, ids)[first:].float().cpu()
+    fp32_greedy = hf_greedy(ref32, prompt, len(ref))
     del ref32
     mk_lg = mk.logits_for(ids, device=device).float().cpu()[first:]
     gate = half_gate({"megakernel": list(mk_lg)}, list(hf_lg), list(r32))
@@ -85,7 +86,8 @@ def bf16_smollm2_figures(mk, hf, spec, weights, prompt: list[int], ours: list[in
     div = matching_prefix(ours, ref)
     top = torch.topk(hf_lg, 2, dim=-1).values
     gaps = (top[:, 0] - top[:, 1]).tolist()
-    return {"first_divergence": div if div < len(ref) else None,
+    return {**hf_self_agreement(spec, weights, prompt, ours, ref, fp32_greedy, device),
+            "first_divergence": div if div < len(ref) else None,
             "hf_top2_gap_at_divergence": gaps[div] if div < len(ref) else None,
             "hf_exact_ties_at": [i for i, g in enumerate(gaps) if g == 0.0],
             "greedy_pass": div == len(ref),
@@ -93,6 +95,20 @@ def bf16_smollm2_figures(mk, hf, spec, weights, prompt: list[int], ours: list[in
             "tf_argmax_equal": c["argmax_equal"], "tf_near_ties": c["near_ties"], "tf_steps": c["steps"],
             "tf_err_vs_hf_bf16": float((mk_lg - hf_lg).abs().max() / hf_lg.abs().max()),
             "tolerance_rule": gate["rule"], "pass": c["passed"]}
+
+
+def hf_self_agreement(spec, weights, prompt: list[int], ours: list[int], ref: list[int], fp32_greedy: list[int],
+                      device: str) -> dict:
+    """How far HF's bf16 greedy run agrees with itself when only the attention kernel or
+    the device changes, and with its fp32 run (the same bf16-valued weights): tokens
+    identical from the start, of len(ref). Where HF's own variants part early, matching HF
+    eager bf16 for every token is a matter of reproducing its rounding bit for bit."""
+    n = len(ref)
+    sdpa = hf_greedy(build_hf_model(spec, weights, dtype="bfloat16", device=device, attn="sdpa"), prompt, n)
+    cpu = hf_greedy(build_hf_model(spec, weights, dtype="bfloat16", device="cpu"), prompt, n)
+    return {"hf_bf16_sdpa_vs_eager": matching_prefix(sdpa, ref), "hf_bf16_cpu_vs_gpu": matching_prefix(cpu, ref),
+            "hf_bf16_vs_hf_fp32": matching_prefix(ref, fp32_greedy), "ours_vs_hf_fp32": matching_prefix(ours, fp32_greedy),
+            "ours_vs_hf_bf16_sdpa": matching_prefix(ours, sdpa)}
 
 
 def zoo_rows() -> list[dict]:
