@@ -127,30 +127,13 @@ def program_hash(program) -> str:
         raise ValueError("a program whose task ids are not 0..n-1 has no hash")
     h = hashlib.sha256()
     h.update(pydantic_core.to_json(cp.header))
-    h.update(_params_json(cp.params))
+    h.update(pydantic_core.to_json(cp.params))
     for names in (cp.buffer_names, cp.counter_names, cp.names):
         h.update("\x00".join(names).encode() + b"\x01")
     for column in cp.arrays():
         h.update(len(column).to_bytes(8, "little"))
         h.update(column.tobytes())
     return h.hexdigest()
-
-
-_PARAMS_JSON: dict = {}  # (class, field values) of a program's distinct params -> their JSON (a pure function)
-
-
-def _params_json(params: list) -> bytes:
-    try:
-        key = tuple((type(p), tuple(p.__dict__.values())) for p in params)
-        hash(key)
-    except TypeError:  # a field value that is not hashable (no params model has one today)
-        return pydantic_core.to_json(params)
-    text = _PARAMS_JSON.get(key)
-    if text is None:
-        if len(_PARAMS_JSON) >= 4096:
-            _PARAMS_JSON.clear()
-        text = _PARAMS_JSON[key] = pydantic_core.to_json(params)
-    return text
 
 
 def _rejected(rep: Report) -> ir.ValidationResult:

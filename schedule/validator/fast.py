@@ -64,7 +64,7 @@ def verify(cp: CompactProgram) -> Optional[int]:
 def verify_code(cp: CompactProgram) -> Optional[int]:
     """`verify`, but a failure in the compiled checks returns its negative `kernels.REJECT_*`
     code (tests use it to see which check failed); None for a failure before them."""
-    if not _header_ok(cp) or not _columns_ok(cp):
+    if not _columns_ok(cp) or not _header_ok(cp):  # (columns first: the header check reads the header's keys)
         return None
     nc = cp.num_counters
     code, bufinfo, buf_variant, n_variants = kn.buffer_table(cp.buffers, cp.kv_capacity, _mask(frozenset(cp.target.dtypes)))
