@@ -121,7 +121,8 @@ def _run_checks(prog: ir.Program, rep: Report) -> int:
 def program_hash(program) -> str:
     """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
     other fields and the distinct params as JSON, the buffer, counter and task names, then
-    every integer column of the compact form. Same program, same hash (and cheap: no per-task JSON)."""
+    every integer column of the compact form. Same program, same hash (and cheap: no
+    per-task JSON)."""
     cp = program if isinstance(program, CompactProgram) else compact(program)
     if cp is None:
         raise ValueError("a program whose task ids are not 0..n-1 has no hash")

@@ -31,7 +31,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from amk.schedule import ir
-from amk.schedule.compact import BUFFER_COLUMNS, COLUMN_NAMES as _COLUMN_NAMES, HEADER_FIELDS, CompactProgram
+from amk.schedule.compact import BUFFER_COLUMNS, COLUMN_NAMES as _COLUMN_NAMES, HEADER_FIELDS, OPERAND_COLUMNS, CompactProgram
 from amk.schedule.ir import DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
@@ -99,7 +99,7 @@ def _header_ok(cp: CompactProgram) -> bool:
 
 
 _INT64 = np.dtype(np.int64)
-_MATRICES = {"buffers": len(BUFFER_COLUMNS), "operands": 6, "waits": 2}  # the 2-D columns and their widths
+_MATRICES = {"buffers": len(BUFFER_COLUMNS), "operands": len(OPERAND_COLUMNS), "waits": 2}  # the 2-D columns and their widths
 
 
 def _columns_ok(cp: CompactProgram) -> bool:

@@ -475,18 +475,17 @@ def order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, qu
         done += 1
         if v < nt:
             t = v
-            row, prev = clock[t], clock[qprev[t]]  # (1-D rows: the loops below vectorize)
+            p = qprev[t]
             for q in range(nq):
-                row[q] = prev[q]
+                clock[t, q] = clock[p, q]
             for i in range(w_start[t], w_start[t + 1]):  # every wait is a full join (checked)
-                joined = cclock[waits[i, 0]]
+                wc = waits[i, 0]
                 for q in range(nq):
-                    row[q] = max(row[q], joined[q])
-            row[queue_of[t]] = pos[t]
+                    clock[t, q] = max(clock[t, q], cclock[wc, q])
+            clock[t, queue_of[t]] = pos[t]
             c = out_counter[t]
-            crow = cclock[c]
             for q in range(nq):
-                crow[q] = max(crow[q], row[q])
+                cclock[c, q] = max(cclock[c, q], clock[t, q])
             topo[r] = t
             r += 1
             succ = (nt + c, qnext[t])
@@ -627,4 +626,3 @@ def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, oper
     if code < 0:
         return code
     return race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos)
-
