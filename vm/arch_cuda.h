@@ -68,23 +68,8 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
   return t;
 }
 
-#ifndef AMK_WEIGHT_EVICT_FIRST
-#define AMK_WEIGHT_EVICT_FIRST 0
-#endif
-
 // Hint the L2 to fetch the line holding p (immutable data only).
 AMK_DEVICE void amk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// Hint the L2 to fetch `bytes` bytes at p (both multiples of 16): on sm_90+ one bulk request
-// that the copy engine expands, so one thread can cover a whole weight slab; before sm_90 a
-// line at a time.
-AMK_DEVICE void amk_prefetch_l2_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (unsigned b = 0; b < bytes; b += 128) amk_prefetch_l2((const char*)p + b);
-#endif
-}
 
 // ---------------------------------------------------------------- warps
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }
@@ -100,18 +85,9 @@ struct amk_u32x4 {
 // 16-byte load of immutable data (weights): read-only path, no L1 allocation.
 AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   amk_u32x4 r;
-#if AMK_WEIGHT_EVICT_FIRST && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  // read once per step: marked first to go, so it does not push out lines prefetched for later tasks
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(policy));
-#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
-#endif
   return r;
 }
 

@@ -44,77 +44,7 @@
 #define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
 #endif
 
-// > 0: each block keeps the next AMK_PREFETCH_WINDOW_KB KiB of its queue's immutable inputs
-// (from the start of the current task on) requested into L2 with bulk hints, so the weights
-// of later tasks stream in while this one waits or computes (attention, hops, epilogues),
-// instead of prefetching only during a wait (prefetch_depth). 0: the latter.
-#ifndef AMK_PREFETCH_WINDOW_KB
-#define AMK_PREFETCH_WINDOW_KB 0
-#endif
-#ifndef AMK_PREFETCH_WINDOW_ATTN_ONLY
-#define AMK_PREFETCH_WINDOW_ATTN_ONLY 0  // 1: the window moves only at attention tasks; elsewhere prefetch_depth
-#endif
-
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
-
-// Bulk L2 hints for the n bytes at p, 16-byte aligned inward at the end (a tail of < 16 bytes
-// is left to the op's own loads), in requests of at most 32 KiB.
-AMK_DEVICE void amk_prefetch_bytes(const char* p, long long n) {
-  unsigned long long a = (unsigned long long)p & ~15ull;
-  const unsigned long long e = ((unsigned long long)p + (unsigned long long)n) & ~15ull;
-  for (; a < e; a += 32768ull) amk_prefetch_l2_bulk((const void*)a, (unsigned)(e - a < 32768ull ? e - a : 32768ull));
-}
-
-// A task's prefetch stream: the bytes of its immutable inputs (slots in t.prefetch_in), run
-// after run in slot order. Hints the L2 to fetch stream bytes [lo, hi); returns its length.
-AMK_DEVICE long long amk_prefetch_stream(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs,
-                                         long long lo, long long hi) {
-  long long pos = 0;
-  const int mask = t->prefetch_in, n_in = min(t->n_in, (int)AMK_MAX_INPUTS);
-  for (int s = 0; s < n_in; ++s) {
-    if (!((mask >> s) & 1)) continue;
-    const AmkOperand& o = t->in[s];
-    const AmkBuffer& b = bufs[o.buf];
-    const int bits = amk_dtype_bits(b.dtype);
-    const long long count = o.count > 0 ? o.count : 1;
-    const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
-    const long long runs = dense ? 1 : count, run_bytes = (o.len * (dense ? count : 1) * bits) / 8;
-    if (pos >= hi || pos + runs * run_bytes <= lo) {
-      pos += runs * run_bytes;
-      continue;
-    }
-    const char* base = (const char*)b.ptr + o.off * bits / 8;
-    for (long long r = 0; r < runs; ++r, pos += run_bytes) {
-      const long long a = lo > pos ? lo - pos : 0, e = hi - pos < run_bytes ? hi - pos : run_bytes;
-      if (a < e) amk_prefetch_bytes(base + r * (o.stride * bits / 8) + a, e - a);
-    }
-  }
-  return pos;
-}
-
-// One thread per block, at the start of queue entry qi: hint the L2 to fetch every stream
-// byte of entries qi.. that lies within `window` bytes of the start of entry qi and was not
-// hinted before. (pf_q, pf_done): the first entry not wholly hinted yet, and how much of it was.
-AMK_DEVICE void amk_prefetch_window(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_tasks,
-                                    const AmkBuffer* __restrict__ bufs, int qi, int q1, int& pf_q,
-                                    long long& pf_done, long long window) {
-  if (pf_q < qi) {
-    pf_q = qi;
-    pf_done = 0;
-  }
-  for (int a = qi; a < q1 && window > 0; ++a) {
-    const long long done = a < pf_q ? window : a == pf_q ? pf_done : 0;
-    const long long total = amk_prefetch_stream(tasks + queue_tasks[a], bufs, done, window);
-    if (a == pf_q) {
-      pf_done = window > pf_done ? window : pf_done;
-      if (pf_done >= total) {
-        pf_q = a + 1;
-        pf_done = 0;
-      }
-    }
-    window -= total;
-  }
-}
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
 // partial's KV rows too, instructions/attention.cuh), spread over
@@ -200,10 +130,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.trace_row = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-#if AMK_PREFETCH_WINDOW_KB > 0
-  int pf_q = q0;  // thread AMK_WARP_SIZE's window cursor (amk_prefetch_window)
-  long long pf_done = 0;
-#endif
   for (int qi = q0; qi < q1; ++qi) {
     const int* src = (const int*)(tasks + queue_tasks[qi]);
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
@@ -231,15 +157,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
       *(volatile int*)&s_waiting = 0;
-#if AMK_PREFETCH_WINDOW_KB > 0
-    } else if ((int)threadIdx.x == AMK_WARP_SIZE &&
-               (!AMK_PREFETCH_WINDOW_ATTN_ONLY || s_task.op == AMK_OP_ATTN_PARTIAL || s_task.op == AMK_OP_ATTN_COMBINE)) {
-      amk_prefetch_window(tasks, queue_tasks, bufs, qi, q1, pf_q, pf_done, (long long)AMK_PREFETCH_WINDOW_KB * 1024);
-    } else if (!AMK_PREFETCH_WINDOW_ATTN_ONLY && (int)threadIdx.x > AMK_WARP_SIZE && s_task.op == AMK_OP_ATTN_PARTIAL) {
-      amk_attn_prefetch_rows(tasks + queue_tasks[qi], bufs, threadIdx.x - AMK_WARP_SIZE - 1,
-                             blockDim.x - AMK_WARP_SIZE - 1, &s_waiting);
-    } else if (!AMK_PREFETCH_WINDOW_ATTN_ONLY) {
-#endif
     } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
       const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
       for (int a = first; a < last; ++a)
