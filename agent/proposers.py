@@ -125,7 +125,6 @@ class SearchSpace:
             Dim("rope_rows", ("auto", 16, 32, 64), ordered=False),  # a value the model's head_dim refuses: an error trial
             Dim("fuse_residual", BOOL, ordered=False),
             Dim("fuse_silu_mul", BOOL, ordered=False),
-            Dim("fuse_attn_combine", BOOL, ordered=False),
             Dim("quant", ("none", "int8", "int4"), ordered=False),
             Dim("quant_group", (32, 64, 128, "channel")),
             Dim("quant_lm_head", BOOL, ordered=False),

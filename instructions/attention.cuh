@@ -369,90 +369,72 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
 // The (m, l) pairs of every split are staged once with parallel loads; the weights and the
 // denominator per head follow in shared memory (a warp per head, a fixed reduction tree);
-// each output element then sums its splits with batched loads. The same combine, over all
-// kv heads at once, is a GEMV prologue (x_attn_splits > 0, gemv.cuh).
-// Shared memory (words): m[S*H] (then the weights) | l[S*H] | den[H], H = the heads combined.
-AMK_DEVICE long long amk_smem_attn_combine_heads(long long splits, long long heads) { return 2 * splits * heads + heads; }
-
+// each output element then sums its splits with batched loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
-  return amk_smem_attn_combine_heads(t.ip[AMK_P_ATTN_SPLITS], t.ip[AMK_P_ATTN_Q_HEADS]);
+  const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
+  return 2 * splits * qh + qh;
 }
 
-// sink(i, y[i]) with y[i] = sum_s w[s, h] o_s[i] / den[h] for the outputs of `heads` heads
-// (kv head g = h / qh owns heads g*qh ..), the splits summed in order with their loads
-// batched and typed (amk_float_dispatch). Partial (g, s) is element (g * S + s) * n + i_g of
-// the operand (n = qh * hd): the lowering gives it one run, or one run per partial, so its
-// address is off + (g * S + s) * step + i_g with no division; other layouts take amk_flat.
-template <class Sink>
+// y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order
+// with their loads batched and typed (amk_float_dispatch). Element s * n + i of the partials:
+// the lowering gives each split one run of n (or one run for all), so its address is off +
+// s * step + i with no division; other layouts take amk_flat.
 struct AmkCombineOutputs {
   amk_u64 ptr;
   const AmkOperand& po;
+  const AmkBuffer& yb;
+  const AmkOperand& y;
   const float* wm;
   const float* den;
-  int qh, hd, splits, heads;
-  Sink sink;
+  int qh, hd, splits;
   template <int DT>
   AMK_DEVICE void run() const {
     const amk_i64 n = (amk_i64)qh * hd;
-    const bool one_run_per_partial = po.count <= 1 || po.len == n;
+    const bool one_run_per_split = po.count <= 1 || po.len == n;
     const amk_i64 step = po.count <= 1 ? n : po.stride;
-    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
-      const int h = i / hd, g = h / qh;
-      const amk_i64 first = (amk_i64)g * splits, ig = i - g * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int h = i / hd;
       const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
           splits,
           [&](int s) {
-            return amk_load_as<DT>(ptr, one_run_per_partial ? po.off + (first + s) * step + ig
-                                                            : amk_flat(po, (first + s) * n + ig));
+            return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, s * n + i));
           },
-          [&](int s, float o) { return amk_mul(wm[s * heads + h], o); });
-      sink(i, amk_div(num, den[h]));
+          [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
+      amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
     }
   }
 };
-
-// The combine of inputs o and ml for `heads` q heads (qh per kv head), each output handed to
-// sink(i, value); wm: amk_smem_attn_combine_heads(splits, heads) words of shared memory.
-template <class Sink>
-AMK_DEVICE void amk_attn_combine_heads(const AmkCtx& c, int splits, int qh, int hd, int heads, float* wm, Sink sink,
-                                       bool trace) {
-  float* ls = wm + splits * heads;
-  float* den = ls + splits * heads;
-  const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML);
-  const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml);
-  for (int j = threadIdx.x; j < splits * heads; j += blockDim.x) {  // pair j = (g * S + s) * qh + hl
-    const int hl = j % qh, gs = j / qh, s = gs % splits, g = gs / splits;
-    const int at = s * heads + g * qh + hl;
-    wm[at] = amk_load(mb, amk_flat(ml, 2 * j));
-    ls[at] = amk_load(mb, amk_flat(ml, 2 * j + 1));
-  }
-  amk_syncthreads();
-  if (trace) amk_trace_mark(c, 0);  // (m, l) staged
-  for (int h = amk_warp(); h < heads; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
-    float mx = amk_neg_inf();
-    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * heads + h]);
-    mx = amk_warp_max(mx);
-    float d = 0.0f;
-    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) {
-      const float w = amk_exp(amk_sub(wm[s * heads + h], mx));
-      wm[s * heads + h] = w;
-      d = amk_add(d, amk_mul(w, ls[s * heads + h]));
-    }
-    d = amk_warp_sum(d);
-    if (amk_lane() == 0) den[h] = d;
-  }
-  amk_syncthreads();
-  if (trace) amk_trace_mark(c, 1);  // weights and denominators done
-  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs<Sink>{pb.ptr, po, wm, den, qh, hd, splits, heads, sink});
-  if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
-}
 
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
   float* wm = amk_smem(c, amk_smem_attn_combine(t));
   if (!wm) return;
-  const AmkOperand& y = t.out[0];
-  const AmkBuffer& yb = amk_buf(c, y);
-  amk_attn_combine_heads(c, splits, qh, hd, qh, wm, [&](int i, float v) { amk_store(yb, amk_flat(y, i), v); }, true);
+  float* ls = wm + splits * qh;
+  float* den = ls + splits * qh;
+  const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
+  const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml), &yb = amk_buf(c, y);
+  for (int i = threadIdx.x; i < splits * qh; i += blockDim.x) {
+    wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
+    ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
+  }
+  amk_syncthreads();
+  amk_trace_mark(c, 0);  // (m, l) staged
+  for (int h = amk_warp(); h < qh; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
+    float mx = amk_neg_inf();
+    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * qh + h]);
+    mx = amk_warp_max(mx);
+    float d = 0.0f;
+    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) {
+      const float w = amk_exp(amk_sub(wm[s * qh + h], mx));
+      wm[s * qh + h] = w;
+      d = amk_add(d, amk_mul(w, ls[s * qh + h]));
+    }
+    d = amk_warp_sum(d);
+    if (amk_lane() == 0) den[h] = d;
+  }
+  amk_syncthreads();
+  amk_trace_mark(c, 1);  // weights and denominators done
+  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

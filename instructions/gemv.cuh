@@ -10,7 +10,6 @@
 //
 // Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
 #pragma once
-#include "attention.cuh"
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
 #include "vec.cuh"
@@ -31,9 +30,8 @@ AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  const long long attn_splits = t.ip[AMK_P_X_ATTN_SPLITS], hd = t.ip[AMK_P_X_ATTN_HEAD_DIM];
   return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
-         amk_round4(k / AMK_XSUM_CHUNK) + (attn_splits > 0 && hd > 0 ? amk_smem_attn_combine_heads(attn_splits, k / hd) : 0);
+         amk_round4(k / AMK_XSUM_CHUNK);
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -335,22 +333,13 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   if (!xs) return;
   float* acc = xs + amk_round4(K);
   float* red = acc + amk_round4((long long)rows * m);
-  float* xsums = red + AMK_WARP_SIZE;
 
-  // prologue: x as fp32 in shared memory
-  const int attn_splits = t.ip[AMK_P_X_ATTN_SPLITS];
+  // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
+  const AmkOperand& x = amk_in(c, AMK_ROLE_X);
+  const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
-  if (attn_splits > 0) {  // x combined from the attention partials, rounded as y's store would round it
-    const int hd = t.ip[AMK_P_X_ATTN_HEAD_DIM], ydt = amk_buf(c, t.out[0]).dtype;
-    amk_attn_combine_heads(c, attn_splits, t.ip[AMK_P_X_ATTN_Q_HEADS], hd, K / hd, xsums + amk_round4(K / AMK_XSUM_CHUNK),
-                           [&](int i, float v) { xs[i] = amk_round(ydt, v); }, false);
-  } else {  // stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
-    const AmkOperand& x = amk_in(c, AMK_ROLE_X);
-    amk_for_elems(amk_buf(c, x), x, norm ? k_lo : 0, K, [&](int i, float v) { xs[i] = v; });
-  }
+  amk_for_elems(xb, x, norm ? k_lo : 0, K, [&](int i, float v) { xs[i] = v; });
   if (norm) {
-    const AmkOperand& x = amk_in(c, AMK_ROLE_X);
-    const AmkBuffer& xb = amk_buf(c, x);
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
     float inv;
@@ -367,6 +356,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   }
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
+  float* xsums = red + AMK_WARP_SIZE;
   amk_syncthreads();
   if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {

@@ -91,8 +91,6 @@ def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[
         kw["rnd"] = rounder(out_dtypes[0])
     if op == Op.GEMV and params.norm_eps is not None:
         kw["x_rnd"] = rounder(in_dtypes.get("x"))
-    if op == Op.GEMV and params.x_attn_splits > 0 and out_dtypes:  # the combine's store, to y's dtype
-        kw["x_rnd"] = rounder(out_dtypes[0])
     return kw
 
 
@@ -241,9 +239,9 @@ def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor]
     return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd)
 
 
-def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_scale=None, w_zero=None, w2=None,
-         w2_scale=None, w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, o=None,
-         ml=None, *, group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
+def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=None, w2=None, w2_scale=None,
+         w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, *,
+         group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
     """Rows of y = W x over columns [k_lo, k_hi), with optional RMSNorm prologue (x whole,
     normalised over all k, then sliced) and the epilogue; with split_k > 1 the raw partial
     sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up).
@@ -251,11 +249,6 @@ def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_sca
     w/w2: fp32 [rows, klen], or quantized codes when w_scale is given (then `group`, the
     weight buffer's group size, is required)."""
     klen = p.k_hi - p.k_lo
-    if p.x_attn_splits > 0:  # x as the ATTN_COMBINE tasks would store it, one kv head at a time
-        c = AttnCombineParams(head_dim=p.x_attn_head_dim, q_heads=p.x_attn_q_heads, splits=p.x_attn_splits)
-        groups = p.k // (c.q_heads * c.head_dim)
-        x = torch.cat([x_rnd(attn_combine(c, og, mg))
-                       for og, mg in zip(_vec(o).chunk(groups), _vec(ml).chunk(groups), strict=True)])
     x = _vec(x)
     if p.norm_eps is not None:
         _need(x.numel() == p.k, f"gemv: norm prologue needs the whole x (len {p.k}), got {x.numel()}")

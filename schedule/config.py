@@ -136,12 +136,6 @@ class ScheduleConfig(BaseModel):
     fuse_residual: bool = Field(
         True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
     )
-    fuse_attn_combine: bool = Field(
-        False,
-        description="Every o-proj GEMV task combines the attention partials of all kv heads in "
-        "its prologue (no ATTN_COMBINE tasks: one stage and one hop fewer per layer, each o task "
-        "reading all partials). Only with split_k 1; ignored otherwise.",
-    )
     fuse_silu_mul: bool = Field(
         True,
         description="One gate/up GEMV with a SILU_MUL epilogue (else separate gate and up GEMVs "

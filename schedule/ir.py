@@ -204,12 +204,6 @@ class GemvParams(_Model):
     is the authority):
       w        rows x [k_lo, k_hi) of W (count=rows, stride=k, len=k_hi-k_lo)
       x        the input vector; the whole vector [0, k) if norm_eps is set, else [k_lo, k_hi)
-      (o, ml)  instead of x when x_attn_splits > 0: x is the attention output that the
-               ATTN_COMBINE tasks of all k / (x_attn_q_heads * x_attn_head_dim) kv heads
-               would write, combined here from their partials: o is the whole scratch
-               [kv heads, splits, q_heads, head_dim] and ml [kv heads, splits, q_heads, 2],
-               each kv head's slice read as ATTN_COMBINE reads it, and every x value rounded
-               to y's dtype as that store would round it (needs split_k == 1, no norm)
       [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
       [w_scale[, w_zero]]  for quantized w: tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
       [w2[, w2_scale[, w2_zero]]]  the up-projection slab, shaped like w  if epilogue == SILU_MUL
@@ -248,10 +242,6 @@ class GemvParams(_Model):
     head_dim: int = 0
     head_norm_eps: Optional[float] = None
     unpack: int = 0  # quantized unpack strategy (VM knob; semantics unchanged)
-    # x combined from attention partials in the prologue (0: x is an operand; see above)
-    x_attn_splits: int = 0
-    x_attn_q_heads: int = 0
-    x_attn_head_dim: int = 0
 
 
 class ReduceParams(_Model):

@@ -163,17 +163,6 @@ class _Spec:
     xcd: int = -1  # home XCD (-1: any queue)
 
 
-@dataclass(frozen=True)
-class _AttnPartials:
-    """The x of a GEMV combined in its prologue from the attention partials of every kv
-    head (GemvParams.x_attn_*), in place of the ATTN_COMBINE tasks and their output."""
-    o: Buffer
-    ml: Buffer
-    splits: int
-    q_heads: int
-    head_dim: int
-
-
 def _op(buf: Buffer, off: int, n: int, count: int = 1, stride: int = 0, kv: KvMode = KvMode.NONE) -> Operand:
     return Operand(buf=buf.id, off=off, len=n, count=count, stride=stride if count > 1 else 0, kv=kv)
 
@@ -306,14 +295,10 @@ class _Lowering:
         return cid
 
     # ------------------------------------------------------------------ GEMV stages
-    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer | _AttnPartials, norm: Optional[Buffer]) -> None:
+    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer, norm: Optional[Buffer]) -> None:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
         when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any."""
         cfg = self.cfg
-        attn = x if isinstance(x, _AttnPartials) else None
-        if attn is not None and (cfg.split_k > 1 or norm is not None):
-            raise ValueError(f"{name}: x from attention partials takes no split-K and no norm")
-        x_attn = dict(x_attn_splits=attn.splits, x_attn_q_heads=attn.q_heads, x_attn_head_dim=attn.head_dim) if attn else {}
         counts = _allocate(self.slabs, mats)
         sk = cfg.split_k
         eps = self.spec.rms_norm_eps if norm is not None else None
@@ -340,13 +325,10 @@ class _Lowering:
                         rows=rows, k=m.k, k_lo=k_lo, k_hi=k_hi, split_k=sk, norm_eps=eps,
                         has_bias=m.bias is not None, epilogue=m.epilogue, head_dim=m.head_dim,
                         head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
-                        unpack=cfg.quant_unpack if m.w.group else 0, **x_attn,
+                        unpack=cfg.quant_unpack if m.w.group else 0,
                     )
                     ins = [self.w_op(m.w, r0, rows, k_lo, k_hi)]
-                    if attn is not None:
-                        ins += [_whole(attn.o), _whole(attn.ml)]
-                    else:
-                        ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
+                    ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
                     if norm is not None:
                         ins.append(_whole(norm))
                     ins += self.q_ops(m.w, r0, rows, k_lo, k_hi)
@@ -534,6 +516,7 @@ class _Lowering:
             S = self.kv_splits
             o_part = self.buf("attn.o_partial", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, d])
             ml = self.buf("attn.ml", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, 2])
+            attn = self.act("attn_out", QD)
             scale = 1.0 / math.sqrt(d)
             # with XCD placement and whole heads per XCD, each XCD's partials get their own
             # counter, which only that XCD's combines wait on (an XCD-scoped edge)
@@ -549,21 +532,16 @@ class _Lowering:
                           head_xcd[g])
                     for g in range(g0, g1) for s in range(S)
                 ])
-            o_in: Buffer | _AttnPartials
-            if cfg.fuse_attn_combine and cfg.split_k == 1:  # every o-proj task combines in its prologue
-                o_in = _AttnPartials(o_part, ml, S, qh, d)
-            else:
-                o_in = attn = self.act("attn_out", QD)
-                self.group(f"{t}.attn_combine", [
-                    _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
-                          [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
-                          [_op(attn, g * qh * d, qh * d)], head_xcd[g])
-                    for g in range(nkv)
-                ])
+            self.group(f"{t}.attn_combine", [
+                _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
+                      [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
+                      [_op(attn, g * qh * d, qh * d)], head_xcd[g])
+                for g in range(nkv)
+            ])
 
             # ---- o-proj (+ residual)
             wo = self.linear(a + "o_proj.weight", H, QD)
-            self.residual_gemv(f"{t}.o_proj", "o", wo, o_in, x, "attn_proj")
+            self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj")
 
             # ---- mlp
             m = p + "mlp."
@@ -590,7 +568,7 @@ class _Lowering:
         self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(next_token)])])
         return self.program()
 
-    def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer | _AttnPartials, x: Buffer, tmp: str) -> None:
+    def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer, x: Buffer, tmp: str) -> None:
         """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD."""
         if self.cfg.fuse_residual:
             self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x)], src, None)

@@ -316,7 +316,6 @@ FIELD_CHANGES = {
     "fuse_residual": ({}, dict(fuse_residual=False)),
     "rope_rows": ({}, dict(rope_rows=16)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
-    "fuse_attn_combine": ({}, dict(fuse_attn_combine=True)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
     "quant_lm_head": (dict(quant="int8"), dict(quant="int8", quant_lm_head=True)),
@@ -599,43 +598,3 @@ def test_rope_rows_lowering_and_refusals():
         lower(spec, cfg_of(rope_rows=16, fuse_rope_append=False), H100, kv_capacity=16)
     with pytest.raises(ValueError, match="even divisor"):
         lower(spec, cfg_of(rope_rows=24), H100, kv_capacity=16)
-
-
-def test_attention_combine_fused_into_o_proj():
-    """fuse_attn_combine: no ATTN_COMBINE tasks; every o-proj task reads all partials (o, ml)
-    and the program validates; the validator refuses inconsistent x_attn params and a
-    partials operand that does not cover every kv head."""
-    from amk.schedule.validate import validate
-
-    spec = ZOO["gqa"]
-    p = lower(spec, cfg_of(fuse_attn_combine=True, kv_splits=3), H100, kv_capacity=32)
-    assert validate(p).accepted
-    assert not any(t.params.op == Op.ATTN_COMBINE for t in p.tasks)
-    o_tasks = [t for t in p.tasks if t.params.op == Op.GEMV and t.params.x_attn_splits]
-    o_part, ml = p.buffer("attn.o_partial"), p.buffer("attn.ml")
-    assert len(o_tasks) >= spec.num_layers
-    for t in o_tasks:
-        assert input_roles(t.params)[:3] == ["w", "o", "ml"]
-        assert (t.inputs[1].buf, t.inputs[1].len) == (o_part.id, o_part.numel)
-        assert (t.inputs[2].buf, t.inputs[2].len) == (ml.id, ml.numel)
-        assert t.params.x_attn_splits == 3 and t.params.x_attn_q_heads * t.params.x_attn_head_dim * spec.num_kv_heads == t.params.k
-    unfused = lower(spec, cfg_of(kv_splits=3), H100, kv_capacity=32)
-    assert len(unfused.tasks) - len(p.tasks) == spec.num_layers * spec.num_kv_heads  # the combines
-    assert lower(spec, cfg_of(fuse_attn_combine=True, split_k=2), H100, kv_capacity=32).tasks == \
-        lower(spec, cfg_of(split_k=2), H100, kv_capacity=32).tasks  # split-K: not fused
-
-    i = o_tasks[0].id
-
-    def with_task(**upd):
-        t = p.tasks[i]
-        params = t.params.model_copy(update=upd.pop("params", {}))
-        tasks = list(p.tasks)
-        tasks[i] = t.model_copy(update={"params": params, **upd})
-        return p.model_copy(update={"tasks": tasks})
-
-    for bad in (with_task(params={"x_attn_head_dim": p.tasks[i].params.x_attn_head_dim + 1}),
-                with_task(params={"x_attn_splits": 0}),
-                with_task(inputs=[t.model_copy(update={"len": t.len - 1}) if n == 1 else t
-                                  for n, t in enumerate(p.tasks[i].inputs)])):
-        res = validate(bad)
-        assert not res.accepted and res.violations, res.summary()

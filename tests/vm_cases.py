@@ -160,8 +160,6 @@ LOWERED = {
     "llama-gqa-tied/int8": dict(quant="int8", quant_lm_head=True),
     "llama-gqa-tied/int4": dict(quant="int4", quant_group=32),
     "smollm2-like": dict(kv_splits=4),
-    "smollm2-like/fused_combine": dict(kv_splits=4, fuse_attn_combine=True),
-    "llama-gqa-tied/int8/fused_combine": dict(quant="int8", fuse_attn_combine=True),
     "qwen2-bias": dict(split_k=2),
     "qwen3-qknorm": {},
     "llama-hd128": dict(threads_per_block=512, prefetch_depth=2),

@@ -99,7 +99,6 @@ ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 PARAM_INDEX = {
     "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
     "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10,
-    "P_X_ATTN_SPLITS": 11, "P_X_ATTN_Q_HEADS": 12, "P_X_ATTN_HEAD_DIM": 13,
     "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
@@ -158,8 +157,6 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
         if op == Op.GEMV:
             ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
             ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
-            ip[_P("P_X_ATTN_SPLITS")], ip[_P("P_X_ATTN_Q_HEADS")] = p.x_attn_splits, p.x_attn_q_heads
-            ip[_P("P_X_ATTN_HEAD_DIM")] = p.x_attn_head_dim
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -187,11 +184,7 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
         k = p.k_hi - p.k_lo
-        attn = 0  # | m, then weights [splits, heads] | l [splits, heads] | den [heads]: x from attention partials
-        if p.x_attn_splits > 0 and p.x_attn_head_dim > 0:
-            heads = k // p.x_attn_head_dim
-            attn = 2 * p.x_attn_splits * heads + heads
-        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + attn  # .. | xsums (U4 zero term)
+        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK)  # .. | xsums (U4 zero term)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):

@@ -93,9 +93,6 @@ enum AmkParamIndex {
   AMK_P_K_HI = 8,      // GEMV only
   AMK_P_HAS_NORM = 9,  // GEMV only
   AMK_P_UNPACK = 10,   // GEMV only (VM knob)
-  AMK_P_X_ATTN_SPLITS = 11,     // GEMV only: > 0: x combined from attention partials (roles o, ml)
-  AMK_P_X_ATTN_Q_HEADS = 12,    // GEMV only: q heads per kv head of those partials
-  AMK_P_X_ATTN_HEAD_DIM = 13,   // GEMV only
   AMK_F_HEAD_NORM_EPS = 0,
   AMK_F_NORM_EPS = 1,
   // EMBED

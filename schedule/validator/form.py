@@ -132,16 +132,6 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(p.k_lo == 0 and p.k_hi == p.k, "without split-K a task covers all of K")
     if p.norm_eps is not None:
         need(_pos_finite(p.norm_eps), "norm_eps must be positive and finite")
-    attn = p.x_attn_splits > 0
-    if attn:
-        qh, hd = p.x_attn_q_heads, p.x_attn_head_dim
-        need(1 <= p.x_attn_splits <= ir.MAX_KV_SPLITS and qh >= 1 and 1 <= hd <= ir.MAX_HEAD_DIM
-             and p.k % (qh * hd) == 0, "x from attention partials needs splits in [1, MAX_KV_SPLITS], "
-             "q_heads >= 1, head_dim in [1, MAX_HEAD_DIM] and k a multiple of q_heads * head_dim")
-        need(p.split_k == 1 and p.norm_eps is None, "x from attention partials takes no split-K and no norm")
-    else:
-        need(p.x_attn_splits == 0 and p.x_attn_q_heads == 0 and p.x_attn_head_dim == 0,
-             "x_attn_q_heads and x_attn_head_dim are set only with x_attn_splits > 0")
     span = p.k_hi - p.k_lo
     wdtype = w_buf.dtype if w_buf is not None else D.F32
     group = (w_buf.group or 0) if w_buf is not None else 0
@@ -154,11 +144,6 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
             ins.append(_weight_rule(p, p.rows, span))
         elif role == "x":
             ins.append(Rule(READABLE, FLOAT, length=p.k if p.norm_eps is not None else span))
-        elif role == "o":  # the partials of every kv head, as ATTN_COMBINE reads them
-            ins.append(Rule(READABLE, FLOAT, length=p.x_attn_splits * p.k) if attn else _NOTHING)
-        elif role == "ml":
-            ins.append(Rule(READABLE, FLOAT, length=p.x_attn_splits * (p.k // max(p.x_attn_head_dim, 1)) * 2)
-                       if attn else _NOTHING)
         elif role == "gamma":
             ins.append(Rule(IMMUTABLE, FLOAT, length=p.k))
         elif role in _QUANT_COMPANIONS:
