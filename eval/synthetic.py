@@ -15,7 +15,9 @@ from amk.schedule.targets import get_target
 
 
 def layered_program(layers: int = 2, width: int = 4, hidden: int = 64, vocab: int = 128,
-                    queues: int | None = None, target: str = "h100") -> ir.Program:
+                    queues: int | None = None, target: str = "h100", norm_eps: float = 1e-5) -> ir.Program:
+    """`norm_eps`: the fused norm's epsilon; programs that differ only in it have the same
+    shape and sizes but params the validator has not seen (its memos miss)."""
     tgt = get_target(target)
     nq = queues or min(tgt.compute_units, 2 * width)
     bufs: list[ir.Buffer] = []
@@ -53,7 +55,7 @@ def layered_program(layers: int = 2, width: int = 4, hidden: int = 64, vocab: in
         w2 = buf(f"l{layer}.w2", K.WEIGHT, D.F32, [hidden, hidden])
         ca = counter(f"l{layer}.a")
         for i in range(width):
-            task(f"l{layer}.a.{i}", ir.GemvParams(rows=slab, k=hidden, k_hi=hidden, norm_eps=1e-5),
+            task(f"l{layer}.a.{i}", ir.GemvParams(rows=slab, k=hidden, k_hi=hidden, norm_eps=norm_eps),
                  [Opd(buf=w1, off=i * slab * hidden, len=hidden, count=slab, stride=hidden), Opd(buf=x, off=0, len=hidden),
                   Opd(buf=gamma, off=0, len=hidden)],
                  [Opd(buf=a, off=i * slab, len=slab)], [prev], ca)

@@ -181,15 +181,19 @@ def _build_entry_tables(entries):
         ids += [rule_ids.setdefault(r, len(rule_ids)) for r in outs]
         slot_rule.append(ids + [0] * (_SLOTS - len(ids)))
         elementwise.append(flags)
-    rules = [[_mask(r.kinds), _mask(r.dtypes), int(r.kv)] + [-1 if v is None else v for v in (r.length, r.count, r.stride, r.off)]
-             for r in rule_ids]
     return (np.array(entinfo, dtype=np.int64), np.array(slot_rule, dtype=np.int64), np.array(elementwise, dtype=np.bool_),
-            np.array(rules, dtype=np.int64).reshape(-1, 7))
+            np.array(list(rule_ids), dtype=np.int64).reshape(-1, 7))
+
+
+def _rule_row(r) -> tuple:
+    """A rule as its row of the compiled checks' rule table: kind mask, dtype mask, kv mode,
+    then length, count, stride, off (-1: not constrained)."""
+    return (_mask(r.kinds), _mask(r.dtypes), int(r.kv)) + tuple(-1 if v is None else v for v in (r.length, r.count, r.stride, r.off))
 
 
 def _entry_spec(p, weight: Optional[_Weight]):
-    """(entry row, input rules, output rules, elementwise flag per slot) of tasks with params
-    `p` and this weight, from `form.operand_rules`; False if the params are invalid."""
+    """(entry row, input rule rows, output rule rows, elementwise flag per slot) of tasks with
+    params `p` and this weight, from `form.operand_rules`; False if the params are invalid."""
     try:
         roles_in = input_roles(p, weight.dtype if weight is not None else D.F32)
         ins, outs, problems = operand_rules(p, weight)
@@ -203,7 +207,7 @@ def _entry_spec(p, weight: Optional[_Weight]):
             p.k if quant else -1, p.k_lo if quant else -1, int(quant)]
            + [roles_in.index(r) if quant and r in roles_in else -1 for _, r in _QUANT_SLOTS])
     flags = [r in ELEMENTWISE_ROLES for r in roles_in] + [False] * (_SLOTS - len(roles_in))
-    return row, tuple(ins), tuple(outs), flags
+    return row, tuple(map(_rule_row, ins)), tuple(map(_rule_row, outs)), flags
 
 
 @functools.lru_cache(maxsize=256)
