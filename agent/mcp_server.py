@@ -61,7 +61,7 @@ def tool_schema() -> dict:
 
 
 def tool_compile(model: Optional[str] = None, config: ConfigArg = None, target: Optional[str] = None,
-                 dtype: Optional[str] = None, random_init: bool = False, seed: int = 0, kv_capacity: int = 2048,
+                 dtype: Optional[str] = None, random_init: bool = False, kv_capacity: int = 2048,
                  out: Optional[str] = None) -> dict:
     from pydantic import ValidationError
 
@@ -70,10 +70,11 @@ def tool_compile(model: Optional[str] = None, config: ConfigArg = None, target: 
     try:
         from amk.schedule.stats import program_stats
 
-        import amk
+        from amk.api import compile_program
 
-        mk = amk.compile(model, _config(config), target, dtype=dtype, random_init=random_init, seed=seed,
-                         kv_capacity=kv_capacity)
+        # lowering and validation need no weights: none are drawn for random_init
+        mk = compile_program(model, _config(config), target, dtype=dtype, random_init=random_init,
+                             kv_capacity=kv_capacity)
         res = {"ok": True, "model": mk.spec.name, "target": mk.program.target.name,
                "certificate": mk.validation.certificate.model_dump(mode="json"), "stats": program_stats(mk.program),
                "config": mk.config.model_dump(mode="json")}

@@ -118,11 +118,8 @@ def compile(model: Optional[str] = None, config: Optional[ScheduleConfig] = None
     `config.quant == 'gguf'` (GGUF sources only) runs the file's Q8_0/Q4_0/Q4_1 matrices in
     their own blocks; `loaded` is then `load_model(model, native_quant=True)`'s triple."""
     from amk.schedule.importer import load_model, load_tokenizer
-    from amk.schedule.lower import bind_weights, lower
-    from amk.schedule.targets import get_target
-    from amk.schedule.validate import validate
+    from amk.schedule.lower import bind_weights
 
-    tgt = target if isinstance(target, GpuTarget) else _target(target, get_target)
     cfg = config or ScheduleConfig()
     gguf = cfg.quant == "gguf"
     loaded = loaded or load_model(model, random_init=random_init, seed=seed, dtype=dtype, progress=progress,
@@ -133,6 +130,52 @@ def compile(model: Optional[str] = None, config: Optional[ScheduleConfig] = None
         raise AmkError("quant='gguf' needs the GGUF file's quantized tensors: pass "
                        "loaded=load_model(source, native_quant=True)")
     native_tensors = native.tensors if native is not None else None
+    c = _lower_and_validate(spec, cfg, target, dtype, kv_capacity, native_tensors)
+    tensors = bind_weights(c.program, spec, weights, native=native_tensors)
+    loader = None if random_init else functools.partial(load_tokenizer, model)  # loaded on first use
+    return Megakernel(spec=spec, program=c.program, validation=c.validation, tensors=tensors, config=c.config,
+                      source_weights=weights, native=native, tokenizer_loader=loader)
+
+
+@dataclass
+class CompiledProgram:
+    """A validated program without weights (what `amk compile` writes)."""
+
+    spec: ModelSpec
+    program: Program
+    validation: ValidationResult
+    config: ScheduleConfig
+
+
+def compile_program(model: Optional[str] = None, config: Optional[ScheduleConfig] = None,
+                    target: Union[str, GpuTarget, None] = None, *, dtype: Optional[str] = None,
+                    random_init: bool = False, kv_capacity: int = 2048, progress: bool = False) -> CompiledProgram:
+    """`compile` without binding weights: import, lower, validate. With `random_init` no
+    weights are drawn at all (the config is the model), so any shape compiles in little
+    memory; a checkpoint is still read (its tensors are scanned, and GGUF quantized layouts
+    lowered as they are)."""
+    from amk.schedule.importer import load_model, load_spec
+
+    cfg = config or ScheduleConfig()
+    native_tensors = None
+    if random_init:
+        if cfg.quant == "gguf":
+            raise AmkError("quant='gguf' needs a .gguf source with its weights, not --random-init")
+        spec = load_spec(model, dtype=dtype, progress=progress)
+    else:
+        loaded = load_model(model, dtype=dtype, progress=progress, native_quant=cfg.quant == "gguf")
+        spec = loaded[0]
+        native_tensors = loaded[2].tensors if len(loaded) > 2 else None
+    return _lower_and_validate(spec, cfg, target, dtype, kv_capacity, native_tensors)
+
+
+def _lower_and_validate(spec: ModelSpec, cfg: ScheduleConfig, target, dtype: Optional[str], kv_capacity: int,
+                        native_tensors) -> CompiledProgram:
+    from amk.schedule.lower import lower
+    from amk.schedule.targets import get_target
+    from amk.schedule.validate import validate
+
+    tgt = target if isinstance(target, GpuTarget) else _target(target, get_target)
     if dtype is not None and cfg.dtype is None:
         cfg = cfg.model_copy(update={"dtype": dtype})
     program = lower(spec, cfg, tgt, kv_capacity=kv_capacity, native=native_tensors)
@@ -140,10 +183,7 @@ def compile(model: Optional[str] = None, config: Optional[ScheduleConfig] = None
     if not result.accepted:
         raise ProgramRejected("the lowering produced a program the validator rejects (a compiler bug): "
                               + "; ".join(f"[{v.check}] {v.reason}" for v in result.violations[:3]))
-    tensors = bind_weights(program, spec, weights, native=native_tensors)
-    loader = None if random_init else functools.partial(load_tokenizer, model)  # loaded on first use
-    return Megakernel(spec=spec, program=program, validation=result, tensors=tensors, config=cfg,
-                      source_weights=weights, native=native, tokenizer_loader=loader)
+    return CompiledProgram(spec=spec, program=program, validation=result, config=cfg)
 
 
 def _target(name, get_target) -> GpuTarget:

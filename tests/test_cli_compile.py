@@ -105,3 +105,32 @@ def test_bad_input_is_one_line_error(kind, tmp_path, monkeypatch):
     res = runner.invoke(app, ["compile", src, "--out", str(out)])
     _one_line_error(res)
     assert not out.exists()
+
+
+def test_compile_program_binds_no_weights_and_equals_compile(tiny_config, tmp_path, monkeypatch):
+    """`amk compile` lowers and validates without weights: with --random-init none are drawn
+    (an 8B shape's float32 weights would take 32 GB), and the program is the one
+    `amk.compile` builds with its weights bound; bfloat16 keeps the same dtype rules."""
+    from amk.api import compile as amk_compile, compile_program
+    from amk.schedule.importer import load_model, load_spec
+
+    for dtype in (None, "bfloat16"):
+        with_weights = amk_compile(str(tiny_config), random_init=True, dtype=dtype, kv_capacity=32)
+        bare = compile_program(str(tiny_config), random_init=True, dtype=dtype, kv_capacity=32)
+        assert bare.program.to_json() == with_weights.program.to_json()
+        assert bare.spec == with_weights.spec == load_model(str(tiny_config), random_init=True, dtype=dtype)[0]
+        assert bare.validation.certificate == with_weights.validation.certificate
+    assert load_spec("smollm2-135m", dtype="float16") == load_model("smollm2-135m", random_init=True, dtype="float16")[0]
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights drawn")
+
+    import amk.eval.shapes
+    import amk.schedule.importer.load as load
+
+    monkeypatch.setattr(amk.eval.shapes, "random_weights_like", no_weights)
+    monkeypatch.setattr(load, "random_state_dict", no_weights)
+    for model in ("smollm2-135m", str(tiny_config)):
+        res = runner.invoke(app, ["compile", model, "--random-init", "--out", str(tmp_path / "o"), "--json"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["accepted"]

@@ -19,18 +19,18 @@ def compile_command(
     dtype: Optional[str] = A.DTYPE,
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for program.json, config.json and report.md."),
     random_init: bool = A.RANDOM_INIT,
-    seed: int = A.SEED,
     kv_capacity: int = A.KV_CAPACITY,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Compile MODEL into one validated megakernel program for one decode step.
 
     A model AMK cannot run exactly is refused with the reason (exit 1); unreadable input is a
-    one-line error. Nothing is written to --out unless compilation succeeds."""
+    one-line error. Nothing is written to --out unless compilation succeeds. No weights are
+    bound (with --random-init none are drawn: any shape compiles in little memory)."""
     from amk.schedule.lower import program_stats
     from amk.schedule.targets import TARGETS
 
-    mk = A.build(model, config, target, dtype, random_init, seed, kv_capacity, progress=not as_json)
+    mk = A.build_program(model, config, target, dtype, random_init, kv_capacity, progress=not as_json)
     stats = program_stats(mk.program)
     summary = {"model": mk.spec.name, "family": mk.spec.family, "target": mk.program.target.name,
                "dtype": mk.program.meta.get("dtype"), "accepted": mk.validation.accepted,

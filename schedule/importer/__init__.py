@@ -14,14 +14,14 @@ from amk.schedule.importer.default_model import DEFAULT_NAME
 from amk.schedule.importer.errors import ImportRefused, ModelLoadError
 from amk.schedule.importer.gguf_native import NativeWeights, read_native
 from amk.schedule.importer.hf_config import refusal_reasons, spec_from_hf_config
-from amk.schedule.importer.load import load_model, load_tokenizer
+from amk.schedule.importer.load import load_model, load_spec, load_tokenizer
 from amk.schedule.importer.random_init import random_state_dict, write_random_checkpoint
 from amk.schedule.importer.reference import build_hf_model
 from amk.schedule.importer.zoo import refusal_zoo, zoo_configs
 
 __all__ = [
     "AmkError", "ImportRefused", "ModelLoadError", "DEFAULT_NAME",
-    "load_model", "load_tokenizer", "build_hf_model", "NativeWeights", "read_native",
+    "load_model", "load_spec", "load_tokenizer", "build_hf_model", "NativeWeights", "read_native",
     "spec_from_hf_config", "refusal_reasons", "check_weights", "expected_shapes",
     "random_state_dict", "write_random_checkpoint", "zoo_configs", "refusal_zoo",
 ]

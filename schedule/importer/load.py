@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
 from amk.schedule.importer import cache
 from amk.schedule.importer.checkpoint import check_weights
 from amk.schedule.importer.errors import AmkError, ImportRefused, ModelLoadError, one_line
@@ -65,7 +63,7 @@ def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int
     try:
         shape = _named_shape(source) if random_init else None
         if shape is not None:  # a named shape-only model (llama-3.2-1b, ...): config from the table
-            spec = spec_from_hf_config(shape, name=str(source))
+            spec = _random_init_spec(source)
             from amk.eval.shapes import random_weights_like
 
             weights = random_weights_like(spec, "cpu", "float32", seed=seed)
@@ -77,7 +75,7 @@ def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int
                                 f"{source or 'the default model'} is a {'random-init config' if random_init else src.kind}")
         gguf_path = src.path if src.kind == "gguf" else None
         if random_init:
-            spec = spec_from_hf_config(_raw_config(src, progress), name=src.name)
+            spec = _random_init_spec(source, src, progress)
             weights = random_state_dict(spec.hf_config, seed)
         else:
             if src.kind == "config":  # a config.json beside its weights
@@ -99,6 +97,30 @@ def load_model(source: SourceArg = None, *, random_init: bool = False, seed: int
         raise
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"cannot load {source or 'the default model'}: {one_line(exc)}") from None
+
+
+def load_spec(source: SourceArg = None, *, dtype: Optional[str] = None, progress: bool = False) -> ModelSpec:
+    """The spec `load_model(source, random_init=True, dtype=dtype)` returns, without drawing
+    the weights (random init takes only the config; its weights are float32). For work that
+    needs no weights, such as lowering and validating: an 8B shape's float32 weights are 32 GB."""
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ModelLoadError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    try:
+        return _random_init_spec(source, progress=progress).model_copy(update={"dtype": dtype or "float32"})
+    except AmkError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load {source or 'the default model'}: {one_line(exc)}") from None
+
+
+def _random_init_spec(source: SourceArg, src: Optional[Source] = None, progress: bool = False) -> ModelSpec:
+    """The spec of `source`'s config (a named benchmark shape or a resolved source), before
+    the weights' dtype is known."""
+    shape = _named_shape(source) if src is None else None
+    if shape is not None:
+        return spec_from_hf_config(shape, name=str(source))
+    src = src or resolve(source, config_only=True)
+    return spec_from_hf_config(_raw_config(src, progress), name=src.name)
 
 
 def load_tokenizer(source: SourceArg = None):
