@@ -134,3 +134,20 @@ def test_compile_program_binds_no_weights_and_equals_compile(tiny_config, tmp_pa
         res = runner.invoke(app, ["compile", model, "--random-init", "--out", str(tmp_path / "o"), "--json"])
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["accepted"]
+
+
+def test_written_files_are_whole_and_get_the_usual_mode(tmp_path):
+    """write_atomic: the content in full, no temporary left behind, and the mode a plain
+    open() gives (the umask's, not mkstemp's private 0600)."""
+    from amk.commands.common import write_atomic
+
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "sub" / "a.json", "x" * 1000)
+        write_atomic(tmp_path / "sub" / "a.json", b"{}")
+    finally:
+        os.umask(old)
+    f = tmp_path / "sub" / "a.json"
+    assert f.read_bytes() == b"{}"
+    assert os.stat(f).st_mode & 0o777 == 0o640
+    assert [p.name for p in f.parent.iterdir()] == ["a.json"]

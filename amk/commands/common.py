@@ -18,17 +18,28 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _umask() -> int:
+    mask = os.umask(0o22)  # (reading the umask means setting it: put it straight back)
+    os.umask(mask)
+    return mask
+
+
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    """Write to a temporary file beside `path`, flush it to disk, then rename: readers never
+    see half a file, even after a crash. The file gets the mode a plain open() would give it
+    (mkstemp's temporary is private, 0600)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
