@@ -28,6 +28,7 @@ proposers, and their best three configs are evaluated right after the default.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -105,6 +106,22 @@ class CampaignSettings:
 
 
 # ============================================================================ the worker
+@contextlib.contextmanager
+def _safe_path():
+    """Start interpreters (the forkserver, a spawned worker) without the working directory
+    on sys.path (PYTHONSAFEPATH, Python >= 3.11): they re-run this process's main script,
+    and an unrelated `amk` folder where the user stands would shadow the package."""
+    old = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = old
+
+
 def _context():
     methods = mp.get_all_start_methods()
     if "forkserver" in methods:
@@ -152,7 +169,8 @@ class TrialRunner:
         # would otherwise inherit the server's, frozen when it started)
         init = {**self.init, "campaign_pid": os.getpid(), "env": dict(os.environ)}
         proc = ctx.Process(target=serve, args=(child, init), daemon=True, name="amk-trial-worker")
-        proc.start()
+        with _safe_path():
+            proc.start()
         child.close()
         self.proc, self.conn = proc, parent
         deadline = time.monotonic() + self.init_timeout_s

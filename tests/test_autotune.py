@@ -344,3 +344,24 @@ def test_cli_evaluate_autotune_and_mcp_tools(model, tmp_path):
 
     names = {t.name for t in asyncio.run(server.list_tools())}
     assert names == {"schema", "compile", "validate", "evaluate", "campaign_status"}
+
+
+def test_worker_starts_where_an_unrelated_amk_folder_sits(model, tmp_path):
+    """The `amk` console script run from a directory holding some other `amk` folder: the
+    trial worker re-runs the script, and with the working directory on its sys.path that
+    folder shadowed the package ("cannot import name '__version__' from 'amk'")."""
+    import subprocess
+    import sys
+
+    if sys.version_info < (3, 11):
+        pytest.skip("PYTHONSAFEPATH (the fix) exists from Python 3.11")
+    script = Path(sys.executable).parent / "amk"
+    if not script.is_file():
+        pytest.skip("the amk console script is not installed beside this interpreter")
+    (tmp_path / "amk").mkdir()
+    (tmp_path / "amk" / "notes.py").write_text("")
+    res = subprocess.run([str(script), "autotune", model, "--random-init", "--kv-capacity", "16", "--evaluator", "cpu",
+                          "--isolation", "process", "--fix", "max_queues=8", "--trials", "1", "--journal",
+                          str(tmp_path / "j"), "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["trials"] == 1
