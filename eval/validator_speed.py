@@ -4,8 +4,9 @@ on, on one core, each given in its compact form (`schedule/compact.py`, what the
 reads) and as a pydantic Program (converted to the compact form inside every call). The
 ~300-task rate is measured twice: one program validated over and over (the validator's memos
 of per-params rule tables warm after the first call, as in a search over one model's
-schedules) and a stream of distinct programs whose params it has never seen (every memo
-misses: the worst case). Writes paper_results/validator_speed.json and .md.
+schedules) and a stream of distinct programs of the same shape, each with a norm epsilon it
+has never seen (its per-program rule table and that params' entry are rebuilt every call; the
+other params' entries are reused). Writes paper_results/validator_speed.json and .md.
 
     python -m amk.eval.validator_speed [--out paper_results] [--repeats 5]
 
