@@ -300,3 +300,27 @@ def test_position_outside_capacity():
         vm.run_step(0, 4)
     with pytest.raises(ValueError, match="exceed"):
         vm.generate([1, 2], 4)  # 5 steps: the last new token is never fed back
+
+
+def test_step_progress_rewrites_on_a_terminal_and_prints_quarters_elsewhere():
+    import io
+
+    from amk.vm.progress import StepProgress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    log, tty = io.StringIO(), Tty()
+    for stream in (log, tty):
+        bar = StepProgress("step", 10, stream=stream)
+        for _ in range(10):
+            bar.tick()
+        bar.close()
+    assert log.getvalue().splitlines() == ["step 3/10", "step 5/10", "step 8/10", "step 10/10"]
+    assert tty.getvalue() == "".join(f"\rstep {i}/10" for i in range(1, 11)) + "\n"
+    quiet = io.StringIO()
+    bar = StepProgress("step", 3, enabled=False, stream=quiet)
+    bar.tick()
+    bar.close()
+    assert quiet.getvalue() == ""

@@ -30,7 +30,6 @@ import ctypes
 import importlib
 import math
 import os
-import sys
 import time
 from typing import Optional
 
@@ -49,6 +48,7 @@ from amk.schedule.ir import (
 )
 from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
+from amk.vm.progress import StepProgress
 
 from amk.errors import AmkError
 
@@ -622,6 +622,7 @@ class CudaVM:
         new = torch.empty(max_new_tokens, dtype=torch.int32, device=self.device)
         events = []
         n = len(prompt_ids)
+        bar = StepProgress("launched", steps, progress)
         for pos in range(steps):
             events.append(self._launch(prompt_ids[pos] if pos < n else None, pos))
             if pos >= n - 1:
@@ -629,11 +630,9 @@ class CudaVM:
                 new[pos - (n - 1)].copy_(nxt[0])
                 if self._token is not None and pos + 1 < steps:
                     self._token.copy_(nxt)
-            if progress:
-                print(f"\rlaunched {pos + 1}/{steps}", end="", file=sys.stderr, flush=True)
+            bar.tick()
         self._finish(events)
-        if progress:
-            print(file=sys.stderr)
+        bar.close()
         return [int(t) for t in new.tolist()]
 
     def logits_for(self, prompt_ids: list[int]) -> torch.Tensor:

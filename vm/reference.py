@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import random
-import sys
 from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from amk.schedule.ir import (
 )
 from amk.schedule.opspec import input_roles, output_roles
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
+from amk.vm.progress import StepProgress
 from amk.vm.regions import RegionError, is_kv, region
 
 # what an unwritten element reads as: NaN for floats, an impossible value for integers
@@ -357,15 +357,14 @@ class ReferenceVM:
         self.reset()
         seeds = self._step_seeds(order, seed)
         new: list[int] = []
+        bar = StepProgress("step", steps, progress)
         for pos in range(steps):
             token = prompt_ids[pos] if pos < len(prompt_ids) else new[-1]
             out = self.run_step(token, pos, order=order, seed=next(seeds))
             if pos >= len(prompt_ids) - 1:
                 new.append(self._next_token(out))
-            if progress:
-                print(f"\rstep {pos + 1}/{steps}", end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr)
+            bar.tick()
+        bar.close()
         return new
 
     def logits_for(self, prompt_ids: list[int], *, order: str = "queue", seed: Optional[int] = None) -> torch.Tensor:
