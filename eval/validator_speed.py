@@ -16,6 +16,7 @@ Pin it to one core for the published figure: `taskset -c 0 python -m amk.eval.va
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -58,32 +59,30 @@ def measure(repeats: int = 5, extra: dict | None = None) -> dict:
     batch = 200
     rows = {}
     # the compact form (what the validator reads), then the pydantic Program (converted on every call)
+    def rate_row(form: str, memos: str, times: list[float]) -> dict:
+        rates = sorted(batch / t for t in times)
+        return {"tasks": len(small.tasks), "form": form, "memos": memos,
+                "validations_per_second_median": statistics.median(rates),
+                "validations_per_second_min": rates[0], "validations_per_second_max": rates[-1], "target_per_second": 2000}
+
     for name, prog in (("small_program", small_cp), ("small_program_objects", small)):
-        rates = sorted(batch / t for t in _timed(lambda: [validate(prog) for _ in range(batch)], repeats))
-        rows[name] = {"tasks": len(small.tasks), "form": "compact" if prog is small_cp else "Program",
-                      "memos": "warm (one program, validated again and again)",
-                      "validations_per_second_median": statistics.median(rates),
-                      "validations_per_second_min": rates[0], "validations_per_second_max": rates[-1],
-                      "target_per_second": 2000}
+        rows[name] = rate_row("compact" if prog is small_cp else "Program", "warm (one program, validated again and again)",
+                              _timed(lambda: [validate(prog) for _ in range(batch)], repeats))
     # distinct programs: the same shape, a norm epsilon never seen before in each (a fresh set per repeat)
-    fresh = iter(range(1, 10**9))
-    eps = lambda: 1e-5 * (1 + next(fresh) * 1e-6)  # noqa: E731
+    fresh = itertools.count(1)
     for name, form in (("small_programs_distinct", "compact"), ("small_programs_distinct_objects", "Program")):
         times = []
         for _ in range(repeats):
-            progs = [layered_program(layers=4, width=36, hidden=36 * 32, norm_eps=eps()) for _ in range(batch)]
+            progs = [layered_program(layers=4, width=36, hidden=36 * 32, norm_eps=1e-5 * (1 + next(fresh) * 1e-6))
+                     for _ in range(batch)]
             if form == "compact":
                 progs = [compact(p) for p in progs]
             results: list = []
             times += _timed(lambda: results.extend(validate(p) for p in progs), 1)
             if not all(r.accepted for r in results):
                 raise SystemExit("a distinct benchmark program was rejected")
-        rates = sorted(batch / t for t in times)
-        rows[name] = {"tasks": len(small.tasks), "form": form,
-                      "memos": "cold: each program's rule table and its norm GEMV params are new to the validator",
-                      "validations_per_second_median": statistics.median(rates),
-                      "validations_per_second_min": rates[0], "validations_per_second_max": rates[-1],
-                      "target_per_second": 2000}
+        rows[name] = rate_row(form, "cold: each program's rule table and its norm GEMV params are new to the validator",
+                              times)
     cert = validate(big_cp).certificate
     for name, prog in (("large_program", big_cp), ("large_program_objects", big)):
         times = sorted(_timed(lambda: validate(prog), repeats))

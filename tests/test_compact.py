@@ -115,19 +115,18 @@ def test_malformed_columns_are_rejected(programs):
     assert fast.verify(narrow) is None and validate(narrow).model_dump() == validate(cp).model_dump()
 
 
-# columns and the values a mutation may write: in range, just out of range, far out of range
-_COLUMNS = COLUMN_NAMES
+# the values a mutation may write into a column (COLUMN_NAMES): in range, just out of range, far out of range
 _VALUES = st.one_of(st.integers(-3, 70), st.sampled_from([-(1 << 62), (1 << 40), (1 << 62)]))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(edits=st.lists(st.tuples(st.sampled_from(_COLUMNS), st.integers(0, 10**6), _VALUES), min_size=1, max_size=3))
+@given(edits=st.lists(st.tuples(st.sampled_from(COLUMN_NAMES), st.integers(0, 10**6), _VALUES), min_size=1, max_size=3))
 def test_mutated_columns_never_crash_and_never_fool_the_fast_path(edits):
     """Arbitrary edits of the integer columns: validate() never raises (nor crashes the
     process), and whatever the fast path certifies the explaining path accepts, with the
     same certificate."""
     cp = compact(layered_program(layers=2, width=3, hidden=48))
-    cols = {name: getattr(cp, name).copy() for name in _COLUMNS}
+    cols = {name: getattr(cp, name).copy() for name in COLUMN_NAMES}
     for name, at, value in edits:
         flat = cols[name].reshape(-1)
         if len(flat):
