@@ -1,10 +1,9 @@
 // The AMK megakernel: one persistent block per queue walks its tasks in order.
 //
-// Per task:  thread 0 spins (acquire) until every wait is met while warp 1 copies the next
-//            task's record and buffer descriptors to shared memory and warps 1.. prefetch
-//            immutable inputs into L2 (this task's, or prefetch_depth-1 tasks ahead) ->
-//            barrier -> dispatch the op -> barrier -> thread 0 releases +1 on the task's
-//            out_counter. (The queue's first record is copied by the whole block.)
+// Per task:  copy the record and its buffer descriptors to shared memory -> thread 0 spins
+//            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
+//            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
+//            -> barrier -> thread 0 releases +1 on the task's out_counter.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
 // a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
@@ -41,9 +40,6 @@
 #ifndef AMK_SPIN_NS_PER_SIGNAL
 #define AMK_SPIN_NS_PER_SIGNAL 128
 #endif
-#ifndef AMK_RECORD_AHEAD
-#define AMK_RECORD_AHEAD 1
-#endif
 #ifndef AMK_PREFETCH_MAX_LINES
 #define AMK_PREFETCH_MAX_LINES (1 << 16)  // 128-byte lines per task (8 MiB)
 #endif
@@ -71,23 +67,6 @@ AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer
                            (o.len * (dense ? count : 1) * bits + 7) / 8, dense ? 1 : count, tid, nthr, budget,
                            keep_going))
       return;
-  }
-}
-
-// Copy a task record to shared memory, by threads tid = 0..nthr-1 of the caller's group.
-AMK_DEVICE void amk_copy_record(const AmkTask* src, AmkTask& dst, int tid, int nthr) {
-  for (int i = tid; i < (int)(sizeof(AmkTask) / 4); i += nthr) ((int*)&dst)[i] = ((const int*)src)[i];
-}
-
-// After amk_copy_record and a barrier of the same group: the record's buffer descriptors
-// to shared memory (operand slot s reads descriptor s), so the op's address arithmetic
-// never waits on the buffer table. Needs nthr >= AMK_MAX_INPUTS + AMK_MAX_OUTPUTS.
-AMK_DEVICE void amk_copy_descriptors(AmkTask& t, const AmkBuffer* __restrict__ bufs, AmkTaskBuffers& tb, int tid) {
-  const int n_in = min(t.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(t.n_out, (int)AMK_MAX_OUTPUTS);
-  if (tid < n_ops) {
-    AmkOperand& o = tid < n_in ? t.in[tid] : t.out[tid - n_in];
-    tb.b[tid] = bufs[o.buf];
-    o.buf = tid;
   }
 }
 
@@ -136,16 +115,8 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
 #endif
                ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
-  // The running task's record and descriptors, and the next task's, which warp 1 copies
-  // from global memory during the wait (moved over by the whole block, shared to shared, at
-  // the top of the next iteration). Copied after the previous task's release instead, the two
-  // dependent global loads (record, then its descriptors) delayed the block that gave a
-  // stage's last signal, which then started the next stage last. AMK_RECORD_AHEAD=0: the
-  // whole block copies each record from global memory before its wait.
   AMK_BLOCK_SHARED(AmkTask, s_task);
   AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
-  AMK_BLOCK_SHARED(AmkTask, s_next_task);
-  AMK_BLOCK_SHARED(AmkTaskBuffers, s_next_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
 
@@ -158,22 +129,22 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.queue = blockIdx.x;
   c.trace_row = nullptr;
 
-  // (warp 1 copies; the emulator builds once for every block size, so blockDim is checked too)
-  const bool ahead = AMK_RECORD_AHEAD && AMK_BLOCK_THREADS >= 2 * AMK_WARP_SIZE && blockDim.x >= 2 * AMK_WARP_SIZE;
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
-    if (!ahead || qi == q0) {
-      amk_copy_record(tasks + queue_tasks[qi], s_task, threadIdx.x, blockDim.x);
-      amk_syncthreads();
-      amk_copy_descriptors(s_task, bufs, s_bufs, threadIdx.x);
-    } else {
-      amk_copy_record(&s_next_task, s_task, threadIdx.x, blockDim.x);
-      for (int i = threadIdx.x; i < (int)(sizeof(AmkTaskBuffers) / 4); i += blockDim.x)
-        ((int*)&s_bufs)[i] = ((const int*)&s_next_bufs)[i];
+    const int* src = (const int*)(tasks + queue_tasks[qi]);
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
+    amk_syncthreads();
+    // The task's buffer descriptors move to shared memory before the wait (operand slot s
+    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
+    if ((int)threadIdx.x < n_ops) {
+      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
+      s_bufs.b[threadIdx.x] = bufs[o.buf];
+      o.buf = threadIdx.x;
     }
     if (threadIdx.x == 0) s_waiting = 1;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
     amk_syncthreads();
-    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;  // (after the barrier: copied by all)
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
@@ -186,19 +157,11 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
       *(volatile int*)&s_waiting = 0;
-    } else if ((int)threadIdx.x >= AMK_WARP_SIZE) {
-      if (ahead && (int)threadIdx.x < 2 * AMK_WARP_SIZE && qi + 1 < q1) {  // warp 1: the next record
-        const int lane = threadIdx.x - AMK_WARP_SIZE;
-        amk_copy_record(tasks + queue_tasks[qi + 1], s_next_task, lane, AMK_WARP_SIZE);
-        amk_syncwarp();
-        amk_copy_descriptors(s_next_task, bufs, s_next_bufs, lane);
-      }
-      if (prefetch_depth > 0) {
-        const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
-        for (int a = first; a < last; ++a)
-          amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
-                            &s_waiting);
-      }
+    } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
+      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+      for (int a = first; a < last; ++a)
+        amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
+                          &s_waiting);
     }
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) c.trace_row[1] = amk_timer_ns();
