@@ -31,7 +31,7 @@ AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
-         amk_round4(k / AMK_XSUM_CHUNK);
+         amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0);  // .. | norm weights
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -338,8 +338,15 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
-  amk_for_elems(xb, x, norm ? k_lo : 0, K, [&](int i, float v) { xs[i] = v; });
+  float* xsums = red + AMK_WARP_SIZE;
   if (norm) {
+    // x and the norm weights staged at once, by the two halves of the block: one memory
+    // round trip where loading the weights after the sum of squares took a second one
+    float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
+    const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
+    const int half = blockDim.x / 2;
+    if ((int)threadIdx.x < half) amk_for_elems(xb, x, k_lo, K, [&](int i, float v) { xs[i] = v; }, threadIdx.x, half);
+    else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
     float inv;
@@ -349,14 +356,14 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
       for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];
       inv = amk_inv_rms(amk_block_sum(ss, red), hidden, eps);
     } else {
-      inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs
+      inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }
-    const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
-    amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float gv) { xs[i] = amk_rms_apply(xs[i], inv, gv, xb.dtype); });
+    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = amk_rms_apply(xs[i], inv, gs[i], xb.dtype);
+  } else {
+    amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[i] = v; });
   }
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
-  float* xsums = red + AMK_WARP_SIZE;
   amk_syncthreads();
   if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {

@@ -97,12 +97,12 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
 #endif
 
 template <int DT, class F>
-AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f) {
+AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f, int tid, int T) {
   using Fmt = AmkWFmt<DT>;
   constexpr int U = AMK_STAGE_UNROLL;
-  const int nvec = n / Fmt::VEC, T = blockDim.x;
+  const int nvec = n / Fmt::VEC;
 #pragma unroll 1
-  for (int v0 = threadIdx.x; v0 < nvec; v0 += T * U) {
+  for (int v0 = tid; v0 < nvec; v0 += T * U) {
     amk_u32x4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -121,27 +121,27 @@ AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f) {
 
 // The vector path for DT where this build compiles it (AMK_DTYPES), else nothing covered.
 template <int DT, class F>
-AMK_DEVICE int amk_for_elems_vec_if(const char* base, int n, F& f) {
-  if constexpr (AMK_WITH_DTYPE(DT)) return amk_for_elems_vec<DT>(base, n, f);
+AMK_DEVICE int amk_for_elems_vec_if(const char* base, int n, F& f, int tid, int T) {
+  if constexpr (AMK_WITH_DTYPE(DT)) return amk_for_elems_vec<DT>(base, n, f, tid, T);
   else return 0;
 }
 
+// (threads tid = 0..T-1 of a group share the elements: the whole block by default)
 template <class F>
-AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f) {
+AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f, int tid, int T) {
   int done = 0;
   const int bytes = b.dtype == AMK_DTYPE_F32 ? 4 : (b.dtype == AMK_DTYPE_BF16 || b.dtype == AMK_DTYPE_F16) ? 2 : 0;
   if (bytes != 0 && (o.count <= 1 || first + n <= o.len)) {  // inside the first (contiguous) run
     const char* base = (const char*)b.ptr + (o.off + first) * bytes;
     if ((unsigned long long)base % 16 == 0) {
-      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec_if<AMK_DTYPE_F32>(base, n, f);
-      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec_if<AMK_DTYPE_BF16>(base, n, f);
-      else done = amk_for_elems_vec_if<AMK_DTYPE_F16>(base, n, f);
+      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec_if<AMK_DTYPE_F32>(base, n, f, tid, T);
+      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec_if<AMK_DTYPE_BF16>(base, n, f, tid, T);
+      else done = amk_for_elems_vec_if<AMK_DTYPE_F16>(base, n, f, tid, T);
     }
   }
   constexpr int U = 4 * AMK_STAGE_UNROLL;
-  const int T = blockDim.x;
 #pragma unroll 1
-  for (int i0 = done + threadIdx.x; i0 < n; i0 += T * U) {
+  for (int i0 = done + tid; i0 < n; i0 += T * U) {
     float v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -150,6 +150,11 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
     for (int u = 0; u < U; ++u)
       if (i0 + u * T < n) f(i0 + u * T, v[u]);
   }
+}
+
+template <class F>
+AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f) {
+  amk_for_elems(b, o, first, n, f, threadIdx.x, blockDim.x);
 }
 
 // sum over k = 0 .. n-1 of term(k, load(k)), added in order k = 0, 1, ... (the first term as
