@@ -73,24 +73,5 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
   }
 }
 
-// Called by the GEMV before its rows: one thread pulls the epilogue's position and RoPE
-// frequencies (step constants) into L1, so that the epilogue's dependent loads of them (pos,
-// then the frequencies) hit L1 instead of taking two L2 round trips after the rows.
-AMK_DEVICE void amk_epilogue_prefetch(const AmkCtx& c) {
-  const AmkTask& t = *c.t;
-  const int ep = t.ip[AMK_P_EPILOGUE];
-  const bool rope = ep == AMK_EPILOGUE_ROPE || ep == AMK_EPILOGUE_ROPE_APPEND;
-  if (!rope && ep != AMK_EPILOGUE_APPEND) return;
-  const AmkOperand& p = amk_in(c, AMK_ROLE_POS);
-  const AmkBuffer& pb = amk_buf(c, p);
-  amk_prefetch_l1((const char*)pb.ptr + amk_flat(p, 0) * (amk_dtype_bits(pb.dtype) / 8));
-  if (!rope) return;
-  const AmkOperand& f = amk_in(c, AMK_ROLE_INV_FREQ);
-  const AmkBuffer& fb = amk_buf(c, f);
-  const int bytes = amk_dtype_bits(fb.dtype) / 8, half = t.ip[AMK_P_HEAD_DIM] / 2;
-  for (int i = 0; i < half; i += 128 / bytes)  // a line at a time (the run is contiguous)
-    amk_prefetch_l1((const char*)fb.ptr + amk_flat(f, i) * bytes);
-}
-
 // Values per output row: 2 for the fused gate/up pair (opspec.gemv_rows_width).
 AMK_DEVICE int amk_row_width(const AmkTask& t) { return t.ip[AMK_P_EPILOGUE] == AMK_EPILOGUE_SILU_MUL ? 2 : 1; }

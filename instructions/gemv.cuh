@@ -334,7 +334,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   float* acc = xs + amk_round4(K);
   float* red = acc + amk_round4((long long)rows * m);
 
-  if (threadIdx.x + 1 == blockDim.x && t.ip[AMK_P_SPLIT_K] <= 1) amk_epilogue_prefetch(c);
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
