@@ -184,8 +184,9 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
         k = p.k_hi - p.k_lo
-        norm = r4(k) if p.norm_eps is not None else 0  # .. | the norm weights, staged with x
-        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm  # .. | xsums (U4 zero term)
+        # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
+        norm = r4(k) if p.norm_eps is not None else 0
+        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
