@@ -48,18 +48,12 @@ AMK_DEVICE unsigned amk_ld_acquire_gpu(const unsigned* p) {
   return v;
 }
 
-// Release increment at GPU scope, issued by one thread after a __syncthreads: the fence
-// is cumulative over the block's stores that the barrier ordered before it.
-#ifndef AMK_RELEASE_RED
-#define AMK_RELEASE_RED 1
-#endif
+// Release increment at GPU scope, issued by one thread after a __syncthreads: the release is
+// cumulative over the block's stores that the barrier ordered before it. One red.release
+// rather than __threadfence() + atomicAdd: __threadfence is a sequentially consistent fence,
+// stronger than a release needs (SmolLM2 shape 1379 -> 1334 us, eval/PERF_NOTES.md item 25).
 AMK_DEVICE void amk_release_add_gpu(unsigned* p, unsigned v) {
-#if AMK_RELEASE_RED
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#else
-  __threadfence();
-  atomicAdd(p, v);
-#endif
 }
 
 AMK_DEVICE void amk_fence_gpu() { __threadfence(); }
