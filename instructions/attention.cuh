@@ -367,30 +367,18 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 }
 
 // ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
-// The (m, l) pairs of every split and, where they fit, the partial outputs themselves are
-// staged in one round of parallel loads (the partials with 16-byte loads, AMK_COMBINE_STAGE_UNROLL
-// per thread and batch); the weights and the denominator per head follow in shared memory (a
-// warp per head, a fixed reduction tree); each output element then sums its splits in order
-// from shared memory (from global memory, with batched loads, where the partials do not fit).
-// Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH] | partials[S*QH*HD] if staged
-#define AMK_COMBINE_STAGE_MAX_WORDS 16384  // partials staged up to 64 KB (vm/loader.py COMBINE_STAGE_MAX_WORDS)
-#ifndef AMK_COMBINE_STAGE_UNROLL
-#define AMK_COMBINE_STAGE_UNROLL (2 * AMK_STAGE_UNROLL)  // 8 (the 1B, 8B partials in one batch; 12 spills)
-#endif
-AMK_DEVICE bool amk_combine_staged(long long splits, long long qh, long long hd) {
-  return splits * qh * hd <= AMK_COMBINE_STAGE_MAX_WORDS;
-}
-
+// The (m, l) pairs of every split are staged once with parallel loads; the weights and the
+// denominator per head follow in shared memory (a warp per head, a fixed reduction tree);
+// each output element then sums its splits with batched loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
-  const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS], hd = t.ip[AMK_P_ATTN_HEAD_DIM];
-  return 2 * splits * qh + qh + (amk_combine_staged(splits, qh, hd) ? splits * qh * hd : 0);
+  const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
+  return 2 * splits * qh + qh;
 }
 
-// y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order.
-// o_s[i] is staged[s * n + i] when the partials were staged; otherwise it is loaded, batched
-// and typed (amk_float_dispatch): element s * n + i of the partials, where the lowering gives
-// each split one run of n (or one run for all), so its address is off + s * step + i with no
-// division; other layouts take amk_flat.
+// y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order
+// with their loads batched and typed (amk_float_dispatch). Element s * n + i of the partials:
+// the lowering gives each split one run of n (or one run for all), so its address is off +
+// s * step + i with no division; other layouts take amk_flat.
 struct AmkCombineOutputs {
   amk_u64 ptr;
   const AmkOperand& po;
@@ -398,7 +386,6 @@ struct AmkCombineOutputs {
   const AmkOperand& y;
   const float* wm;
   const float* den;
-  const float* staged;
   int qh, hd, splits;
   template <int DT>
   AMK_DEVICE void run() const {
@@ -410,7 +397,6 @@ struct AmkCombineOutputs {
       const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
           splits,
           [&](int s) {
-            if (staged != nullptr) return staged[s * n + i];
             return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, s * n + i));
           },
           [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
@@ -426,29 +412,14 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   if (!wm) return;
   float* ls = wm + splits * qh;
   float* den = ls + splits * qh;
-  float* staged = amk_combine_staged(splits, qh, hd) ? den + qh : nullptr;
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
   const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml), &yb = amk_buf(c, y);
-  // this thread's first (m, l) pair stays in registers while the partials' loads are issued
-  const int nml = splits * qh, i0 = threadIdx.x;
-  float m0 = 0.0f, l0 = 0.0f;
-  if (i0 < nml) {
-    m0 = amk_load(mb, amk_flat(ml, 2 * i0));
-    l0 = amk_load(mb, amk_flat(ml, 2 * i0 + 1));
-  }
-  if (staged != nullptr)
-    amk_for_elems<AMK_COMBINE_STAGE_UNROLL>(pb, po, 0, nml * hd, [&](int e, float v) { staged[e] = v; }, threadIdx.x,
-                                            blockDim.x);
-  if (i0 < nml) {
-    wm[i0] = m0;
-    ls[i0] = l0;
-  }
-  for (int i = i0 + blockDim.x; i < nml; i += blockDim.x) {
+  for (int i = threadIdx.x; i < splits * qh; i += blockDim.x) {
     wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
     ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
   }
   amk_syncthreads();
-  amk_trace_mark(c, 0);  // (m, l) and the partials staged
+  amk_trace_mark(c, 0);  // (m, l) staged
   for (int h = amk_warp(); h < qh; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
     float mx = amk_neg_inf();
     for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * qh + h]);
@@ -464,6 +435,6 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, staged, qh, hd, splits});
+  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

@@ -91,15 +91,15 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
 // disjoint (measured: a K = 8192 GEMV prologue of 32 such round trips per thread). One
 // contiguous, 16-byte aligned float run takes 16-byte loads, AMK_STAGE_UNROLL per batch;
 // everything else (tails, strided operands, integer dtypes) element loads, 4x as many per
-// batch. The element -> thread mapping is fixed, so sums over f stay deterministic. A caller
-// that stages more per thread (the attention combine) passes its own vector batch VU.
+// batch. The element -> thread mapping is fixed, so sums over f stay deterministic.
 #ifndef AMK_STAGE_UNROLL
 #define AMK_STAGE_UNROLL 4
 #endif
 
-template <int DT, int U, class F>
+template <int DT, class F>
 AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f, int tid, int T) {
   using Fmt = AmkWFmt<DT>;
+  constexpr int U = AMK_STAGE_UNROLL;
   const int nvec = n / Fmt::VEC;
 #pragma unroll 1
   for (int v0 = tid; v0 < nvec; v0 += T * U) {
@@ -120,23 +120,23 @@ AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f, int tid, int T) 
 }
 
 // The vector path for DT where this build compiles it (AMK_DTYPES), else nothing covered.
-template <int DT, int VU, class F>
+template <int DT, class F>
 AMK_DEVICE int amk_for_elems_vec_if(const char* base, int n, F& f, int tid, int T) {
-  if constexpr (AMK_WITH_DTYPE(DT)) return amk_for_elems_vec<DT, VU>(base, n, f, tid, T);
+  if constexpr (AMK_WITH_DTYPE(DT)) return amk_for_elems_vec<DT>(base, n, f, tid, T);
   else return 0;
 }
 
 // (threads tid = 0..T-1 of a group share the elements: the whole block by default)
-template <int VU = AMK_STAGE_UNROLL, class F>
+template <class F>
 AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 first, int n, F f, int tid, int T) {
   int done = 0;
   const int bytes = b.dtype == AMK_DTYPE_F32 ? 4 : (b.dtype == AMK_DTYPE_BF16 || b.dtype == AMK_DTYPE_F16) ? 2 : 0;
   if (bytes != 0 && (o.count <= 1 || first + n <= o.len)) {  // inside the first (contiguous) run
     const char* base = (const char*)b.ptr + (o.off + first) * bytes;
     if ((unsigned long long)base % 16 == 0) {
-      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec_if<AMK_DTYPE_F32, VU>(base, n, f, tid, T);
-      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec_if<AMK_DTYPE_BF16, VU>(base, n, f, tid, T);
-      else done = amk_for_elems_vec_if<AMK_DTYPE_F16, VU>(base, n, f, tid, T);
+      if (b.dtype == AMK_DTYPE_F32) done = amk_for_elems_vec_if<AMK_DTYPE_F32>(base, n, f, tid, T);
+      else if (b.dtype == AMK_DTYPE_BF16) done = amk_for_elems_vec_if<AMK_DTYPE_BF16>(base, n, f, tid, T);
+      else done = amk_for_elems_vec_if<AMK_DTYPE_F16>(base, n, f, tid, T);
     }
   }
   constexpr int U = 4 * AMK_STAGE_UNROLL;

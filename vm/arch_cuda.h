@@ -32,9 +32,6 @@
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_STAGE_UNROLL)
 #define AMK_STAGE_UNROLL 1  // and the activation vectors per batch (instructions/vec.cuh; 2 spills 1.7 KB)
 #endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200 && !defined(AMK_COMBINE_STAGE_UNROLL)
-#define AMK_COMBINE_STAGE_UNROLL 1  // and the combine's partials per batch (instructions/attention.cuh; 2 spills)
-#endif
 
 #define AMK_FULL_MASK 0xffffffffu
 

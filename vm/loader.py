@@ -84,7 +84,6 @@ class VMRefused(AmkError, ValueError):
 # ---------------------------------------------------------------------- ABI mirror of vm/tables.h
 WARP = 32  # AMK_WARP_SIZE on NVIDIA
 ATTN_HEAD_BLOCK = 4  # AMK_ATTN_HB (instructions/attention.cuh): q heads per P.V register block
-COMBINE_STAGE_MAX_WORDS = 16384  # AMK_COMBINE_STAGE_MAX_WORDS (instructions/attention.cuh): partials staged up to 64 KB
 SCORE_CACHE_WORDS = 8192  # shared-memory words for cached attention scores per task
 ROLE_SLOTS = 32
 NIPARAM, NFPARAM = 16, 4
@@ -199,9 +198,8 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
         return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
-    if op == Op.ATTN_COMBINE:  # m | l | den | the partials, staged when they fit
-        partials = p.splits * p.q_heads * p.head_dim
-        return 2 * p.splits * p.q_heads + p.q_heads + (partials if partials <= COMBINE_STAGE_MAX_WORDS else 0)
+    if op == Op.ATTN_COMBINE:
+        return 2 * p.splits * p.q_heads + p.q_heads
     return 0
 
 
