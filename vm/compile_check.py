@@ -9,6 +9,7 @@ block size (256 threads). tests/test_vm_compile.py runs the same check.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,19 @@ def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None
     output = (proc.stdout + proc.stderr).strip()
     bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
     return not bad, f"$ {' '.join(cmd)}\n{output}"
+
+
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def spill_bytes(ok: bool, output: str) -> tuple[int, int] | None:
+    """(spill store bytes, spill load bytes) of an `nvcc_compile` result: (0, 0) for a clean
+    build, None when it failed for another reason than spills."""
+    if ok:
+        return 0, 0
+    found = _SPILL.search(output)
+    others = [line for line in output.splitlines()[1:] if "spill" not in line and line.strip()]
+    return (int(found.group(1)), int(found.group(2))) if found and not others else None
 
 
 def report(results) -> int:
