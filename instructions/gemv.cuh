@@ -220,13 +220,11 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f);
           if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f);
         } else {
-          float xr[F::VEC];
-          amk_lds_run(xv, xr);
 #pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xr[j];
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xv[j];
           if (PAIR) {
 #pragma unroll
-            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * xr[j];
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * xv[j];
           }
         }
       }

@@ -16,28 +16,6 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
   return r;
 }
 
-// x[0:N) of a 16-byte aligned run of shared memory, into registers. A GEMV lane reads the x
-// slice of its own weight vector, VEC words after its neighbour's: as 4-byte loads, 8 lanes
-// of a warp hit each bank (8 wavefronts per load); 16-byte loads take a quarter of the
-// wavefronts for the same words (eval/PERF_NOTES.md item 27). AMK_GEMV_X_VEC4=0: 4-byte loads.
-#ifndef AMK_GEMV_X_VEC4
-#define AMK_GEMV_X_VEC4 1
-#endif
-template <int N>
-AMK_DEVICE void amk_lds_run(const float* x, float (&out)[N]) {
-#if AMK_GEMV_X_VEC4
-  static_assert(N % 4 == 0, "whole 16-byte vectors");
-#pragma unroll
-  for (int c = 0; c < N / 4; ++c) {
-    const float4 v = reinterpret_cast<const float4*>(x)[c];
-    out[4 * c] = v.x, out[4 * c + 1] = v.y, out[4 * c + 2] = v.z, out[4 * c + 3] = v.w;
-  }
-#else
-#pragma unroll
-  for (int j = 0; j < N; ++j) out[j] = x[j];
-#endif
-}
-
 // Element j of a 16-byte vector of format DT, as fp32 (VEC elements of BITS bits each).
 template <int DT> struct AmkWFmt;
 template <> struct AmkWFmt<AMK_DTYPE_F32> {
@@ -70,10 +48,8 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
   // sum_j code_j * x[j] over the vector, exactly-converted codes: code + 128 as the low byte
   // of 2^23's mantissa is the float 2^23 + code + 128, so one byte move and one exact
   // subtraction replace the (quarter-rate) integer-to-float conversion.
-  static AMK_DEVICE float dot(const amk_u32x4& v, const float* xp) {
+  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x) {
     const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-    float x[VEC];
-    amk_lds_run(xp, x);
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
@@ -90,10 +66,8 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   // sum_j code_j * x[j] over the vector, given xsum = sum_j x[j]: a code in bits 16..19 of
   // 128.0f's mantissa is the float 128 + code (exact), so each element costs one byte move
   // and one FMA; the 128 * xsum taken off at the end cancels ~4 bits (relative error ~1e-6).
-  static AMK_DEVICE float dot(const amk_u32x4& v, const float* xp, float xsum) {
+  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum) {
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
-    float x[VEC];
-    amk_lds_run(xp, x);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
