@@ -10,7 +10,6 @@ def test_breakdown_times_each_part_and_renders():
     b = breakdown(cp, repeats=1, calls=2)
     assert b["tasks"] == cp.num_tasks
     assert b["validate_us"] > 0 and b["checks_us"] > 0 and b["digest_us"] > 0
-    assert abs(b["validate_us"] - b["checks_us"] - b["digest_us"] - b["rest_us"]) < 1e-6
     doc = {"command": "x", "commit": "0" * 12, "machine": {"cpu": "cpu", "cores_allowed": 1, "fast_path": True},
            "results": {"small_program_breakdown": b}}
     assert f"One validation of the {cp.num_tasks}-task compact program" in render_md(doc)
