@@ -590,7 +590,7 @@ struct AmkGemvRingStart {
 AMK_DEVICE int amk_gemv_ring_start(const AmkCtx& c) {
 #if AMK_GEMV_RING
   const AmkTask& t = *c.t;
-  if (t.op != AMK_OP_GEMV || AMK_RING_NOEARLY) return 0;
+  if (t.op != AMK_OP_GEMV) return 0;
   const AmkGemvWs ws = amk_gemv_ws(c);
   if (!ws.ok) return 0;
   AmkGemvRingStart start{c, ws, t.ip[AMK_P_ROWS], t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO], 0};

@@ -117,20 +117,11 @@ AMK_DEVICE void amk_cp_async_wait(int pending) {  // the group count is an immed
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
   }
 }
-// Shared-memory reads by a generic pointer whose provenance the compiler may not see (the
-// ring's base is read back from shared memory): ld.shared, not a generic LD.
-AMK_DEVICE amk_u32x4 amk_lds16(const void* p) {  // 16-byte aligned
-  amk_u32x4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "r"(amk_smem_addr(p)));
-  return r;
+AMK_DEVICE amk_u32x4 amk_lds16(const void* p) {  // 16-byte aligned shared memory
+  const uint4 v = *(const uint4*)p;
+  return amk_u32x4{v.x, v.y, v.z, v.w};
 }
-AMK_DEVICE unsigned amk_lds4(const void* p) {
-  unsigned r;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(r) : "r"(amk_smem_addr(p)));
-  return r;
-}
+AMK_DEVICE unsigned amk_lds4(const void* p) { return *(const unsigned*)p; }
 
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
