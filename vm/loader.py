@@ -182,8 +182,7 @@ def gemv_ring_enabled() -> bool:
     """The GEMV weight ring (instructions/gemv.cuh) streams weights through the shared memory an
     op leaves free, so a launch gives each block all it may have; AMK_GEMV_RING_SLOTS=0 in
     $AMK_VM_DEFINES turns the ring off (and the launch back to the largest task's need)."""
-    d = experiment_defines()
-    return d.get("AMK_GEMV_RING_SLOTS", 1) != 0 or d.get("AMK_LAUNCH_SMEM_ALL", 0) == 1
+    return experiment_defines().get("AMK_GEMV_RING_SLOTS", 1) != 0
 
 
 def launch_smem_bytes(need: int, budget: int) -> int:
