@@ -528,20 +528,23 @@ AMK_DEVICE void amk_gemv_rows(const AmkCtx& c, int pre, const AmkGemvW& w, const
   }
 }
 
-// fn.template run<DT, PAIR>() for the weight dtype dt, if this build compiles it
-// (AMK_GEMV_WDTYPES); false if not. (A functor, not a generic lambda: NVRTC compiles a
-// generic lambda's call operator as host code.)
+// fn(AmkIntC<DT>, AmkIntC<PAIR>) for the weight dtype dt, if this build compiles it
+// (AMK_GEMV_WDTYPES); false if not.
+template <int V>
+struct AmkIntC {
+  static constexpr int value = V;
+};
 template <int DT, bool PAIR, class Fn>
 AMK_DEVICE bool amk_gemv_visit_if(Fn& fn) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    fn.template run<DT, PAIR>();
+    fn(AmkIntC<DT>{}, AmkIntC<PAIR>{});
     return true;
   } else {
     return false;
   }
 }
 template <class Fn>
-AMK_DEVICE bool amk_gemv_visit(int dt, bool pair, Fn& fn) {
+AMK_DEVICE bool amk_gemv_visit(int dt, bool pair, Fn&& fn) {
   switch (dt * 2 + (pair ? 1 : 0)) {
 #define AMK_GEMV_CASE(DT)                                   \
   case DT * 2: return amk_gemv_visit_if<DT, false>(fn); \
@@ -569,50 +572,30 @@ AMK_DEVICE AmkGemvWs amk_gemv_ws(const AmkCtx& c) {
   return m;
 }
 
-#if AMK_GEMV_RING
-struct AmkGemvRingStart {
-  const AmkCtx& c;
-  const AmkGemvWs& ws;
-  int rows, K, pre;
-  template <int DT, bool PAIR>
-  AMK_DEVICE void run() {
-    AmkGroupOf grp;
-    if (!amk_gemv_vec_pair_ok<DT, PAIR>(ws.w, ws.w2, K, grp)) return;
-    if (const AmkRing* g = amk_ring_plan<DT, PAIR>(c, ws.w, ws.w2, grp, rows, K))
-      for (; pre < g->slots - 1; ++pre) amk_ring_issue<DT, PAIR>(*g, rows, K, pre);
-  }
-};
-#endif
-
 // Before the task's wait (vm/megakernel.cu), every thread: the first S - 1 rounds of its
 // warp's weight ring, if the op will stream through one; returns how many it issued, which
 // the op gets back as AmkCtx::ring_pre.
 AMK_DEVICE int amk_gemv_ring_start(const AmkCtx& c) {
 #if AMK_GEMV_RING
   const AmkTask& t = *c.t;
-  if (t.op != AMK_OP_GEMV) return 0;
+  if (t.op != AMK_OP_GEMV || AMK_RING_NOEARLY) return 0;
+  const int rows = t.ip[AMK_P_ROWS], K = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   const AmkGemvWs ws = amk_gemv_ws(c);
   if (!ws.ok) return 0;
-  AmkGemvRingStart start{c, ws, t.ip[AMK_P_ROWS], t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO], 0};
-  amk_gemv_visit(ws.w.wb->dtype, amk_row_width(t) == 2, start);
-  return start.pre;
+  int pre = 0;
+  amk_gemv_visit(ws.w.wb->dtype, amk_row_width(t) == 2, [&](auto dt, auto pair) {
+    constexpr int DT = decltype(dt)::value;
+    constexpr bool PAIR = decltype(pair)::value != 0;
+    AmkGroupOf grp;
+    if (!amk_gemv_vec_pair_ok<DT, PAIR>(ws.w, ws.w2, K, grp)) return;
+    if (const AmkRing* g = amk_ring_plan<DT, PAIR>(c, ws.w, ws.w2, grp, rows, K))
+      for (; pre < g->slots - 1; ++pre) amk_ring_issue<DT, PAIR>(*g, rows, K, pre);
+  });
+  return pre;
 #else
   return 0;
 #endif
 }
-
-// The op's rows for the weight dtype and pairing it is instantiated with.
-struct AmkGemvRowsRun {
-  const AmkCtx& c;
-  const AmkGemvWs& ws;
-  const float *xs, *xsums;
-  float* acc;
-  int rows, K;
-  template <int DT, bool PAIR>
-  AMK_DEVICE void run() {
-    amk_gemv_rows<DT, PAIR>(c, c.ring_pre, ws.w, ws.w2, xs, xsums, acc, rows, K);
-  }
-};
 
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
@@ -667,8 +650,9 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-  AmkGemvRowsRun run{c, ws, xs, xsums, acc, rows, K};
-  const bool ok = amk_gemv_visit(w.wb->dtype, m == 2, run);
+  const bool ok = amk_gemv_visit(w.wb->dtype, m == 2, [&](auto dt, auto pair) {
+    amk_gemv_rows<decltype(dt)::value, decltype(pair)::value != 0>(c, c.ring_pre, w, w2, xs, xsums, acc, rows, K);
+  });
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;
