@@ -28,7 +28,6 @@ struct AmkCtx {
   int* status;     // device status block (AmkStatusIndex)
   int queue;
   unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
-  int ring_pre;  // GEMV weight-ring rounds this thread issued before the wait (instructions/gemv.cuh)
 };
 
 // Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to three

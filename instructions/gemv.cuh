@@ -152,16 +152,6 @@ struct AmkQRow {
   AMK_DEVICE float value(unsigned r) const {
     return dt == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dt, (unsigned short)r);
   }
-  // The aligned 4-byte word that holds element g (the ring copies words), and g's bits in it.
-  // A 16-bit element's word may take the 2 bytes after the row's end: allocations are
-  // padded far beyond that (torch rounds them to 512 B).
-  AMK_DEVICE const void* word(int g) const {
-    return (const void*)((unsigned long long)(p + (long long)g * (dt == AMK_DTYPE_F32 ? 4 : 2)) & ~3ull);
-  }
-  AMK_DEVICE unsigned raw_in_word(unsigned word, int g) const {
-    if (dt == AMK_DTYPE_F32) return word;
-    return ((unsigned long long)(p + 2ll * g) & 2ull) ? word >> 16 : word & 0xffffu;
-  }
 };
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
   AmkQRow q;
@@ -175,45 +165,6 @@ template <int DT>
 AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, float sc, float z) {
   if constexpr (DT == AMK_DTYPE_U4) return sc * AmkWFmt<DT>::dot(raw, xv, xsum) + z * xsum;
   else return sc * AmkWFmt<DT>::dot(raw, xv);
-}
-
-// Code vector (raw) of the slice's vector v, dequantized, dotted with x: sc / z are its
-// scale and zero as raw bits (quantized formats).
-template <int DT>
-AMK_DEVICE float amk_gemv_vec(const amk_u32x4& raw, const float* xs, const float* xsums, int v, const AmkQRow& sr,
-                              unsigned sc, const AmkQRow& zr, unsigned z) {
-  using F = AmkWFmt<DT>;
-  const float* xv = xs + v * F::VEC;
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
-    constexpr bool Z = DT == AMK_DTYPE_U4;
-    return amk_qvec<DT>(raw, xv, Z ? xsums[v] : 0.0f, sr.value(sc), Z ? zr.value(z) : 0.0f);
-  } else {
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < F::VEC; ++j) s += F::get(raw, j) * xv[j];
-    return s;
-  }
-}
-
-// A row's sums over its L lanes (a power of two).
-template <bool PAIR>
-AMK_DEVICE void amk_gemv_lanes_sum(int L, float& s1, float& s2) {
-  for (int m = L / 2; m > 0; m >>= 1) {
-    s1 += amk_shfl_xor(s1, m);
-    if (PAIR) s2 += amk_shfl_xor(s2, m);
-  }
-}
-
-// The scale and zero rows of row r of a matrix (nullptr rows for float weights).
-struct AmkQRows {
-  AmkQRow s, z;
-};
-AMK_DEVICE AmkQRows amk_qrows(const AmkGemvW& w, int r) {
-  return AmkQRows{amk_qrow(w.sb, w.soff + r * w.sstride), amk_qrow(w.zb, w.zoff + r * w.zstride)};
-}
-template <int DT>
-AMK_DEVICE const char* amk_gemv_row_ptr(const AmkGemvW& w, int r) {
-  return (const char*)w.wb->ptr + (w.off + r * w.stride) * AmkWFmt<DT>::BITS / 8;
 }
 
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
@@ -230,12 +181,12 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0;
-  const char* row1 = amk_gemv_row_ptr<DT>(w, r);
-  const char* row2 = PAIR ? amk_gemv_row_ptr<DT>(w2, r) : nullptr;
-  AmkQRows q1{}, q2{};
+  const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
+  const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
+  AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
   if (Q) {
-    q1 = amk_qrows(w, r);
-    if (PAIR) q2 = amk_qrows(w2, r);
+    sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
+    if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
   }
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
@@ -250,11 +201,11 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
         if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
         if constexpr (Q) {
           const int g = grp(v);
-          sc1[u] = q1.s.raw(g);
-          if (PAIR) sc2[u] = q2.s.raw(g);
+          sc1[u] = sr1.raw(g);
+          if (PAIR) sc2[u] = sr2.raw(g);
           if constexpr (Z) {
-            z1[u] = q1.z.raw(g);
-            if (PAIR) z2[u] = q2.z.raw(g);
+            z1[u] = zr1.raw(g);
+            if (PAIR) z2[u] = zr2.raw(g);
           }
         }
       }
@@ -263,8 +214,19 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
       if (v < nvec) {
-        s1 += amk_gemv_vec<DT>(raw1[u], xs, xsums, v, q1.s, Q ? sc1[u] : 0u, q1.z, Z ? z1[u] : 0u);
-        if (PAIR) s2 += amk_gemv_vec<DT>(raw2[u], xs, xsums, v, q2.s, Q ? sc2[u] : 0u, q2.z, Z ? z2[u] : 0u);
+        const float* xv = xs + v * F::VEC;
+        if constexpr (Q) {
+          const float xsum = Z ? xsums[v] : 0.0f;
+          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f);
+          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f);
+        } else {
+#pragma unroll
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xv[j];
+          if (PAIR) {
+#pragma unroll
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * xv[j];
+          }
+        }
       }
     }
   }
@@ -274,7 +236,10 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
       if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
     }
   }
-  amk_gemv_lanes_sum<PAIR>(L, s1, s2);
+  for (int m = L / 2; m > 0; m >>= 1) {
+    s1 += amk_shfl_xor(s1, m);
+    if (PAIR) s2 += amk_shfl_xor(s2, m);
+  }
   a1 = s1;
   a2 = s2;
 }
@@ -304,206 +269,13 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// ---------------------------------------------------------------- the weight ring
-// Where cp.async exists (AMK_HAS_ASYNC_COPY), each warp streams its rows through a ring of
-// AMK_GEMV_RING_SLOTS slots in the shared memory the op itself leaves free, instead of
-// through registers. A round is what the register path loads at once (U vectors per lane
-// and matrix, with their scale and zero words); round i goes to slot i % S, and S - 1 rounds
-// stay in flight while the warp computes on one (the register path has none in flight while
-// it computes: a quantized row's arithmetic and its next load ran one after the other). The
-// first S - 1 rounds are issued before the task's wait (weights are immutable), so they
-// arrive during the wait and the prologue. Every lane reads back only what it copied, so the
-// ring needs no barrier; the sums are the register path's, in the same order.
-#ifndef AMK_GEMV_RING_SLOTS
-#define AMK_GEMV_RING_SLOTS 4  // 2..8; 0 turns the ring off
-#endif
-#ifndef AMK_RING_NOEARLY
-#define AMK_RING_NOEARLY 0
-#endif
-#if defined(AMK_HAS_ASYNC_COPY) && AMK_GEMV_RING_SLOTS >= 2
-#define AMK_GEMV_RING 1
-#else
-#define AMK_GEMV_RING 0
-#endif
-#if AMK_GEMV_RING
-
-// A slot: n = u * M + matrix indexes a lane's vectors; lane-minor layouts keep the 16- and
-// 4-byte reads of a warp free of bank conflicts.
 template <int DT, bool PAIR>
-struct AmkRingFmt {
-  static constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
-  static constexpr int U = AmkGemvUnroll<DT, PAIR>::value, M = PAIR ? 2 : 1, N = U * M;
-  static constexpr int CODES = N * AMK_WARP_SIZE * 16, WORDS = Q ? N * AMK_WARP_SIZE * 4 : 0;
-  static constexpr int SLOT = CODES + WORDS * (Z ? 2 : 1);  // bytes, whole warp
-  static AMK_DEVICE int code(int n, int lane) { return (n * AMK_WARP_SIZE + lane) * 16; }
-  static AMK_DEVICE int scale(int n, int lane) { return CODES + (n * AMK_WARP_SIZE + lane) * 4; }
-  static AMK_DEVICE int zero(int n, int lane) { return CODES + WORDS + (n * AMK_WARP_SIZE + lane) * 4; }
-};
-
-// A matrix as the ring's loop needs it, in bytes: row r's codes at w + r * w_row, its scales
-// and zeros at s.p + r * s_row, z.p + r * z_row (a few registers, where AmkGemvW has ~18).
-struct AmkRingSrc {
-  const char* w;
-  AmkQRow s, z;
-  int w_row, s_row, z_row;  // a row's bytes fit in 32 bits (K < 2^31 / 4)
-  AMK_DEVICE AmkQRow s_of(int r) const { return AmkQRow{s.p ? s.p + (long long)r * s_row : nullptr, s.dt}; }
-  AMK_DEVICE AmkQRow z_of(int r) const { return AmkQRow{z.p ? z.p + (long long)r * z_row : nullptr, z.dt}; }
-};
-template <int DT>
-AMK_DEVICE AmkRingSrc amk_ring_src(const AmkGemvW& w) {
-  AmkRingSrc o;
-  o.w = amk_gemv_row_ptr<DT>(w, 0);
-  o.w_row = (int)(w.stride * AmkWFmt<DT>::BITS / 8);
-  o.s = amk_qrow(w.sb, w.soff), o.z = amk_qrow(w.zb, w.zoff);
-  o.s_row = (int)(w.sstride * (amk_dtype_bits(o.s.dt) / 8)), o.z_row = (int)(w.zstride * (amk_dtype_bits(o.z.dt) / 8));
-  return o;
-}
-
-// One warp's ring: its slots, its rounds (row groups x rounds per row group), lanes per row,
-// and the matrices it streams. It sits in shared memory in front of the warp's slots: read
-// there each round, it holds no registers across the loop (held in registers, ~40 of them
-// spilled in the quantized builds).
-struct AmkRing {
-  char* base;
-  int slots, rounds, rpr, L;
-  AmkGroupOf grp;
-  AmkRingSrc src[2];
-};
-#define AMK_RING_HEAD 256  // bytes in front of a warp's slots, for its AmkRing
-static_assert(sizeof(AmkRing) <= AMK_RING_HEAD, "the ring's header outgrew its place");
-
-// The same plan before the wait and in the op (it depends only on the task and the launch's
-// shared memory), written by lane 0 into the warp's header. nullptr: a row has a tail past its
-// last whole vector (the register path takes it), or too little shared memory is left beyond
-// the op's own for two slots per warp.
-template <int DT, bool PAIR>
-AMK_DEVICE const AmkRing* amk_ring_plan(const AmkCtx& c, const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp,
-                                        int rows, int K) {
-  using R = AmkRingFmt<DT, PAIR>;
-  if (K % AmkWFmt<DT>::VEC != 0) return nullptr;
-  const int own = (int)amk_round4(amk_smem_gemv(*c.t));  // words: the ring starts 16-byte aligned
-  const int nw = amk_nwarps(), spare = own < c.smem_words ? (c.smem_words - own) * 4 / nw - AMK_RING_HEAD : 0;
-  const int fit = spare > 0 ? spare / R::SLOT : 0, slots = fit < AMK_GEMV_RING_SLOTS ? fit : AMK_GEMV_RING_SLOTS;
-  if (slots < 2) return nullptr;
-  char* head = (char*)(c.smem + own) + amk_warp() * (AMK_RING_HEAD + slots * R::SLOT);
-  AmkRing* g = (AmkRing*)head;
-  if (amk_lane() == 0) {
-    g->base = head + AMK_RING_HEAD;
-    g->slots = slots;
-    g->L = amk_gemv_lanes<DT, PAIR>(K);
-    const int per_warp = AMK_WARP_SIZE / g->L, first = amk_warp() * per_warp, step = nw * per_warp;
-    g->rpr = (K / AmkWFmt<DT>::VEC + g->L * R::U - 1) / (g->L * R::U);
-    g->rounds = first < rows ? (rows - first + step - 1) / step * g->rpr : 0;
-    g->grp = grp;
-    g->src[0] = amk_ring_src<DT>(w);
-    g->src[1] = PAIR ? amk_ring_src<DT>(w2) : g->src[0];
-  }
-  amk_syncwarp();
-  return g;
-}
-
-// Round i of this warp: its lane group's row and first vector.
-struct AmkRound {
-  int r, v0;
-};
-template <int U>
-AMK_DEVICE AmkRound amk_ring_round(const AmkRing& g, int i) {
-  const int lane = amk_lane(), L = g.L, rpr = g.rpr;
-  return AmkRound{(amk_warp() + (i / rpr) * amk_nwarps()) * (AMK_WARP_SIZE / L) + lane / L, (i % rpr) * L * U + lane % L};
-}
-
-// Copy round i (if the warp has it) into its slot and commit the group: a round past the end
-// commits an empty group, so that "round i is in" is always "all but the S - 1 newest".
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_ring_issue(const AmkRing& g, int rows, int K, int i) {
-  using R = AmkRingFmt<DT, PAIR>;
-  if (i < g.rounds) {
-    const AmkRound rd = amk_ring_round<R::U>(g, i);
-    const int lane = amk_lane(), nvec = rd.r < rows ? K / AmkWFmt<DT>::VEC : 0;
-    char* slot = g.base + (i % g.slots) * R::SLOT;
-#pragma unroll
-    for (int j = 0; j < R::M; ++j) {
-      const AmkRingSrc& src = g.src[j];
-      const char* row = src.w + (long long)rd.r * src.w_row;
-      const AmkQRow s = src.s_of(rd.r), z = src.z_of(rd.r);
-#pragma unroll 1
-      for (int u = 0; u < R::U; ++u) {  // a copy holds no registers while in flight: no unrolling
-        const int v = rd.v0 + u * g.L, n = u * R::M + j;
-        if (v < nvec) {
-          amk_cp_async16(slot + R::code(n, lane), row + (amk_i64)v * 16);
-          if constexpr (R::Q) amk_cp_async4(slot + R::scale(n, lane), s.word(g.grp(v)));
-          if constexpr (R::Z) amk_cp_async4(slot + R::zero(n, lane), z.word(g.grp(v)));
-        }
-      }
-    }
-  }
-  amk_cp_async_commit();
-}
-
-// The rows through the ring; `pre` rounds were issued before the wait (0 or S - 1).
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_ring(const AmkRing& g, int pre, const float* xs, const float* xsums, float* acc,
-                                   int rows, int K) {
-  using R = AmkRingFmt<DT, PAIR>;
-  const int lane = amk_lane();
-  int issued = pre;
-  for (; issued < g.slots - 1; ++issued) amk_ring_issue<DT, PAIR>(g, rows, K, issued);
-  float s[2] = {0.0f, 0.0f};
-#pragma unroll 1
-  for (int i = 0; i < g.rounds; ++i) {  // warp-uniform
-    amk_ring_issue<DT, PAIR>(g, rows, K, issued++);  // into the slot read last round
-    amk_cp_async_wait(g.slots - 1);
-    const AmkRound rd = amk_ring_round<R::U>(g, i);
-    const bool valid = rd.r < rows;
-    const int nvec = valid ? K / AmkWFmt<DT>::VEC : 0;
-    const char* slot = g.base + (i % g.slots) * R::SLOT;
-#pragma unroll
-    for (int j = 0; j < R::M; ++j) {
-      const AmkQRow sr = g.src[j].s_of(rd.r), zr = g.src[j].z_of(rd.r);
-#pragma unroll 2
-      for (int u = 0; u < R::U; ++u) {  // shared-memory reads: a short batch hides their latency
-        const int v = rd.v0 + u * g.L, n = u * R::M + j;
-        if (v < nvec) {
-          const int gv = R::Q ? g.grp(v) : 0;
-          s[j] += amk_gemv_vec<DT>(amk_lds16(slot + R::code(n, lane)), xs, xsums, v, sr,
-                                   R::Q ? sr.raw_in_word(amk_lds4(slot + R::scale(n, lane)), gv) : 0u, zr,
-                                   R::Z ? zr.raw_in_word(amk_lds4(slot + R::zero(n, lane)), gv) : 0u);
-        }
-      }
-    }
-    if (i % g.rpr == g.rpr - 1) {  // the row group's last round
-      amk_gemv_lanes_sum<PAIR>(g.L, s[0], s[1]);
-      if (lane % g.L == 0 && valid) {
-        acc[rd.r * R::M] = s[0];
-        if (PAIR) acc[rd.r * R::M + 1] = s[1];
-      }
-      s[0] = s[1] = 0.0f;
-    }
-  }
-  amk_cp_async_wait(0);
-}
-#endif  // AMK_GEMV_RING
-
-// Both matrices stream as aligned vectors (grp: their vectors' scale columns)?
-template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_vec_pair_ok(const AmkGemvW& w, const AmkGemvW& w2, int K, AmkGroupOf& grp) {
-  AmkGroupOf grp2;  // w2 has the same group and k_lo, so the same mapping
-  return amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
-}
-
-// `pre`: rounds of the weight ring issued before the wait (amk_gemv_ring_start).
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkCtx& c, int pre, const AmkGemvW& w, const AmkGemvW& w2, const float* xs,
-                              const float* xsums, float* acc, int rows, int K) {
-  AmkGroupOf grp;
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                              int rows, int K) {
+  AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
+  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-  if (amk_gemv_vec_pair_ok<DT, PAIR>(w, w2, K, grp)) {
-#if AMK_GEMV_RING
-    if (const AmkRing* g = amk_ring_plan<DT, PAIR>(c, w, w2, grp, rows, K)) {
-      amk_gemv_rows_ring<DT, PAIR>(*g, pre, xs, xsums, acc, rows, K);
-      return;
-    }
-#endif
+  if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
@@ -528,73 +300,29 @@ AMK_DEVICE void amk_gemv_rows(const AmkCtx& c, int pre, const AmkGemvW& w, const
   }
 }
 
-// fn(AmkIntC<DT>, AmkIntC<PAIR>) for the weight dtype dt, if this build compiles it
-// (AMK_GEMV_WDTYPES); false if not.
-template <int V>
-struct AmkIntC {
-  static constexpr int value = V;
-};
-template <int DT, bool PAIR, class Fn>
-AMK_DEVICE bool amk_gemv_visit_if(Fn& fn) {
+// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
+template <int DT, bool PAIR>
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
+                                 float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    fn(AmkIntC<DT>{}, AmkIntC<PAIR>{});
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K);
     return true;
   } else {
     return false;
   }
 }
-template <class Fn>
-AMK_DEVICE bool amk_gemv_visit(int dt, bool pair, Fn&& fn) {
-  switch (dt * 2 + (pair ? 1 : 0)) {
-#define AMK_GEMV_CASE(DT)                                   \
-  case DT * 2: return amk_gemv_visit_if<DT, false>(fn); \
-  case DT * 2 + 1: return amk_gemv_visit_if<DT, true>(fn);
-    AMK_GEMV_CASE(AMK_DTYPE_F32)
-    AMK_GEMV_CASE(AMK_DTYPE_BF16)
-    AMK_GEMV_CASE(AMK_DTYPE_F16)
-    AMK_GEMV_CASE(AMK_DTYPE_I8)
-    AMK_GEMV_CASE(AMK_DTYPE_U4)
-#undef AMK_GEMV_CASE
+
+template <bool PAIR>
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                                  int rows, int K) {
+  switch (w.wb->dtype) {
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K);
     default: return false;
   }
-}
-
-// The matrices of a GEMV task: w, and w2 (gate/up's second) or w again.
-struct AmkGemvWs {
-  AmkGemvW w, w2;
-  bool ok;  // quantized weights come with their companions, and w2 has w's dtype
-};
-AMK_DEVICE AmkGemvWs amk_gemv_ws(const AmkCtx& c) {
-  AmkGemvWs m;
-  m.w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
-  m.w2 = amk_row_width(*c.t) == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : m.w;
-  m.ok = amk_gemv_w_ok(m.w) && amk_gemv_w_ok(m.w2) && m.w2.wb->dtype == m.w.wb->dtype;
-  return m;
-}
-
-// Before the task's wait (vm/megakernel.cu), every thread: the first S - 1 rounds of its
-// warp's weight ring, if the op will stream through one; returns how many it issued, which
-// the op gets back as AmkCtx::ring_pre.
-AMK_DEVICE int amk_gemv_ring_start(const AmkCtx& c) {
-#if AMK_GEMV_RING
-  const AmkTask& t = *c.t;
-  if (t.op != AMK_OP_GEMV || AMK_RING_NOEARLY) return 0;
-  const int rows = t.ip[AMK_P_ROWS], K = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  const AmkGemvWs ws = amk_gemv_ws(c);
-  if (!ws.ok) return 0;
-  int pre = 0;
-  amk_gemv_visit(ws.w.wb->dtype, amk_row_width(t) == 2, [&](auto dt, auto pair) {
-    constexpr int DT = decltype(dt)::value;
-    constexpr bool PAIR = decltype(pair)::value != 0;
-    AmkGroupOf grp;
-    if (!amk_gemv_vec_pair_ok<DT, PAIR>(ws.w, ws.w2, K, grp)) return;
-    if (const AmkRing* g = amk_ring_plan<DT, PAIR>(c, ws.w, ws.w2, grp, rows, K))
-      for (; pre < g->slots - 1; ++pre) amk_ring_issue<DT, PAIR>(*g, rows, K, pre);
-  });
-  return pre;
-#else
-  return 0;
-#endif
 }
 
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
@@ -634,8 +362,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   } else {
     amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[i] = v; });
   }
-  const AmkGemvWs ws = amk_gemv_ws(c);
-  const AmkGemvW &w = ws.w, &w2 = ws.w2;
+  const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
+  const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
   if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
@@ -646,13 +374,13 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   }
   amk_trace_mark(c, 0);  // prologue done
 
-  if (!ws.ok) {
+  if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-  const bool ok = amk_gemv_visit(w.wb->dtype, m == 2, [&](auto dt, auto pair) {
-    amk_gemv_rows<decltype(dt)::value, decltype(pair)::value != 0>(c, c.ring_pre, w, w2, xs, xsums, acc, rows, K);
-  });
+  bool ok;
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

@@ -20,11 +20,9 @@ import torch
 
 from amk.schedule.ir import IMMUTABLE_KINDS, BufferKind, DType, Program
 from amk.vm.build import kernel_sources, source_dirs
-from amk.vm.loader import (ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError,
-                           launch_smem_bytes)
+from amk.vm.loader import ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
-EMU_SMEM_BUDGET = 227 * 1024  # an H100 block's
 _LIB: Optional[ctypes.CDLL] = None
 
 
@@ -51,7 +49,6 @@ def build(out_dir: Path) -> ctypes.CDLL:
                f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"), "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     _LIB = ctypes.CDLL(str(lib))
-    _LIB.amk_emu_async_copy_count.restype = ctypes.c_longlong
     _LIB.amk_emu_launch.restype = ctypes.c_int
     _LIB.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
     return _LIB
@@ -59,12 +56,9 @@ def build(out_dir: Path) -> ctypes.CDLL:
 
 class EmuVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], lib: ctypes.CDLL, *,
-                 spin_timeout_s: float = 5.0, prefetch_depth: int = 1, smem_budget: int = EMU_SMEM_BUDGET):
-        """smem_budget: a block's shared memory beyond the largest task's need goes to the GEMV
-        weight ring, as on a GPU (vm/loader.py); 0 leaves the ring no room (the register path)."""
+                 spin_timeout_s: float = 5.0, prefetch_depth: int = 1):
         self.program, self.lib = program, lib
         self.packed = PackedProgram(program)
-        self.smem_bytes = launch_smem_bytes(self.packed.smem_bytes, smem_budget)
         self.spin_timeout_s, self.prefetch_depth = spin_timeout_s, prefetch_depth
         self._by_name = {b.name: b for b in program.buffers}
         self.tensors: dict[str, torch.Tensor] = {}
@@ -105,7 +99,7 @@ class EmuVM:
         self.lib.amk_emu_launch(ptr(self._tables), ptr(self.packed.queue_start),
                                 ptr(self.packed.queue_tasks if self.packed.queue_tasks.size else self._status),
                                 ptr(self._buffers), ptr(self._counters), ptr(self._status), ptr(self._abort),
-                                self.epoch, int(self.spin_timeout_s * 1e9), self.smem_bytes, self.prefetch_depth,
+                                self.epoch, int(self.spin_timeout_s * 1e9), self.packed.smem_bytes, self.prefetch_depth,
                                 len(self.program.queues), self.program.threads_per_block)
         self.epoch += 1
         code = int(self._status[0])

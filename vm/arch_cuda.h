@@ -92,37 +92,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// ---------------------------------------------------------------- asynchronous copies into shared memory
-// cp.async (sm_80+): a thread's copies land in shared memory in the background; it commits
-// them as groups and waits until at most `pending` of its most recent groups are in flight.
-// Each thread reads back only what it copied itself, so no barrier is involved.
-#define AMK_HAS_ASYNC_COPY 1
-AMK_DEVICE unsigned amk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-AMK_DEVICE void amk_cp_async16(void* smem, const void* gmem) {  // immutable data, L2 only
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(amk_smem_addr(smem)), "l"(gmem) : "memory");
-}
-AMK_DEVICE void amk_cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(amk_smem_addr(smem)), "l"(gmem) : "memory");
-}
-AMK_DEVICE void amk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-AMK_DEVICE void amk_cp_async_wait(int pending) {  // the group count is an immediate
-  switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-  }
-}
-AMK_DEVICE amk_u32x4 amk_lds16(const void* p) {  // 16-byte aligned shared memory
-  const uint4 v = *(const uint4*)p;
-  return amk_u32x4{v.x, v.y, v.z, v.w};
-}
-AMK_DEVICE unsigned amk_lds4(const void* p) { return *(const unsigned*)p; }
-
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }

@@ -178,19 +178,6 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
         raise VMRefused(f"op {op!r} has no device packing")
 
 
-def gemv_ring_enabled() -> bool:
-    """The GEMV weight ring (instructions/gemv.cuh) streams weights through the shared memory an
-    op leaves free, so a launch gives each block all it may have; AMK_GEMV_RING_SLOTS=0 in
-    $AMK_VM_DEFINES turns the ring off (and the launch back to the largest task's need)."""
-    return experiment_defines().get("AMK_GEMV_RING_SLOTS", 1) != 0
-
-
-def launch_smem_bytes(need: int, budget: int) -> int:
-    """Dynamic shared memory per block for a launch: `need` (the largest task's), or with the
-    weight ring on, the block's whole `budget` where that is more."""
-    return max(need, budget) if gemv_ring_enabled() else need
-
-
 def smem_words(p, threads: int, kv_capacity: int) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions."""
     op, nwarps = p.op, threads // WARP
@@ -429,26 +416,18 @@ class CudaVM:
             raise VMRefused("this device does not support cooperative launches")
         static = self._kernel.attributes["shared_size_bytes"]
         optin = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, idx)
-        need = self.packed.smem_bytes
-        if need + static > optin:
-            raise VMRefused(f"the largest task needs {need} B of shared memory (+{static} static); "
+        smem = self.packed.smem_bytes
+        if smem + static > optin:
+            raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static); "
                             f"the device allows {optin} per block")
-        # a block's share of the SM's shared memory (blocks_per_cu blocks must stay co-resident)
-        per_sm = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMaxSharedMemoryPerMultiprocessor", 81), idx)
-        reserved = rt.deviceGetAttribute(getattr(rt, "cudaDevAttrReservedSharedMemoryPerBlock", 111), idx)
-        share = min(optin, per_sm // max(self.program.blocks_per_cu, 1) - reserved) - static
+        if smem > 48 * 1024:
+            self._kernel.max_dynamic_shared_size_bytes = smem
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
         sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, idx)
-        for smem in dict.fromkeys((launch_smem_bytes(need, share), need)):  # the ring's budget, else the need
-            if smem > 48 * 1024:
-                self._kernel.max_dynamic_shared_size_bytes = smem
-            fit = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
-            if nq <= fit * sms:
-                break
-        else:
-            raise VMRefused(f"{nq} queues need co-resident blocks but only {fit} x {sms} SMs = {fit * sms} "
+        if nq > per_sm * sms:
+            raise VMRefused(f"{nq} queues need co-resident blocks but only {per_sm} x {sms} SMs = {per_sm * sms} "
                             f"blocks of {threads} threads with {smem} B shared memory fit")
-        self.smem_bytes = smem
-        self.max_coresident = fit * sms
+        self.max_coresident = per_sm * sms
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -507,13 +486,13 @@ class CudaVM:
             np.uint64(self._queue_tasks.data_ptr()), np.uint64(self._buffer_table.data_ptr()),
             np.uint64(self._counters.data_ptr()), np.uint64(self._status.data_ptr()), np.uint64(self._abort_ptr),
             np.uint32(self.epoch & 0xFFFFFFFF), np.uint64(int(self.spin_timeout_s * 1e9)),
-            np.int32(self.smem_bytes), np.int32(self.prefetch_depth),
+            np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth),
         )
         if self._trace is not None:
             args = args + (np.uint64(self._trace.data_ptr()),)
         with cp.cuda.Device(self.device.index):
             self._kernel((len(self.program.queues),), (self.program.threads_per_block,), args,
-                         shared_mem=self.smem_bytes, stream=self._cupy_stream(stream))
+                         shared_mem=self.packed.smem_bytes, stream=self._cupy_stream(stream))
         self.epoch += 1
         ev = torch.cuda.Event()
         ev.record(stream)

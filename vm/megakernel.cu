@@ -1,11 +1,9 @@
 // The AMK megakernel: one persistent block per queue walks its tasks in order.
 //
-// Per task:  copy the record and its buffer descriptors to shared memory -> a GEMV starts
-//            copying its first weight rounds into shared memory (instructions/gemv.cuh) ->
-//            thread 0 spins (acquire) until every wait is met while warps 1.. prefetch
-//            immutable inputs into L2 (this task's, or prefetch_depth-1 tasks ahead) ->
-//            barrier -> dispatch the op -> barrier -> thread 0 releases +1 on the task's
-//            out_counter.
+// Per task:  copy the record and its buffer descriptors to shared memory -> thread 0 spins
+//            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
+//            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
+//            -> barrier -> thread 0 releases +1 on the task's out_counter.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
 // a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
@@ -130,7 +128,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.status = status;
   c.queue = blockIdx.x;
   c.trace_row = nullptr;
-  c.ring_pre = 0;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
@@ -148,7 +145,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) s_waiting = 1;
     const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
     amk_syncthreads();
-    c.ring_pre = amk_gemv_ring_start(c);  // weights are immutable: their copy may start before the wait
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
@@ -174,7 +170,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (!s_go) break;
 
     amk_dispatch(c);
-    amk_cp_async_wait_all();  // an op that stopped early must not leave copies landing in the next one's memory
     amk_syncthreads();
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE

@@ -23,14 +23,6 @@
 
 #include "tables.h"
 
-// Asynchronous copies into shared memory (amk_cp_async16 / 4, amk_cp_async_commit,
-// amk_cp_async_wait, amk_lds16 / 4) exist where the architecture header defines
-// AMK_HAS_ASYNC_COPY (CUDA sm_80+); the GEMV's weight ring is compiled only there.
-#ifndef AMK_HAS_ASYNC_COPY
-AMK_DEVICE void amk_cp_async_wait(int) {}
-#endif
-AMK_DEVICE void amk_cp_async_wait_all() { amk_cp_async_wait(0); }
-
 // ---------------------------------------------------------------- the same on every vendor
 // exp/cos/sin are the libm-accurate ones (not the fast intrinsics); -inf and a quiet NaN by bits.
 AMK_DEVICE float amk_exp(float a) { return expf(a); }

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include <algorithm>
-#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <thread>
@@ -108,45 +107,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   if (((uintptr_t)p) % 16) __builtin_trap();  // the GPU would fault on a misaligned vector load
   amk_u32x4 r;
   memcpy(&r, p, 16);
-  return r;
-}
-// cp.async: each copy is deferred to the wait that covers its group, so a read of a slot
-// before its wait (or a refill before its read) sees stale bytes and fails the tests.
-#define AMK_HAS_ASYNC_COPY 1
-struct AmkEmuCopy {
-  void* dst;
-  const void* src;
-  int bytes;
-};
-inline thread_local std::vector<std::vector<AmkEmuCopy>> amk_emu_groups;  // committed, oldest first
-inline thread_local std::vector<AmkEmuCopy> amk_emu_open;               // not yet committed
-inline std::atomic<long long> amk_emu_async_copies{0};  // read by the tests: did a ring run?
-AMK_DEVICE void amk_emu_cp_async(void* dst, const void* src, int bytes) {
-  if (((uintptr_t)src) % bytes || ((uintptr_t)dst) % bytes) __builtin_trap();
-  amk_emu_open.push_back({dst, src, bytes});
-  amk_emu_async_copies.fetch_add(1, std::memory_order_relaxed);
-}
-AMK_DEVICE void amk_cp_async16(void* smem, const void* gmem) { amk_emu_cp_async(smem, gmem, 16); }
-AMK_DEVICE void amk_cp_async4(void* smem, const void* gmem) { amk_emu_cp_async(smem, gmem, 4); }
-AMK_DEVICE void amk_cp_async_commit() {
-  amk_emu_groups.push_back(std::move(amk_emu_open));
-  amk_emu_open.clear();
-}
-AMK_DEVICE void amk_cp_async_wait(int pending) {
-  const int done = std::max(0, (int)amk_emu_groups.size() - pending);
-  for (int g = 0; g < done; ++g)
-    for (const AmkEmuCopy& c : amk_emu_groups[g]) memcpy(c.dst, c.src, c.bytes);
-  amk_emu_groups.erase(amk_emu_groups.begin(), amk_emu_groups.begin() + done);
-}
-AMK_DEVICE amk_u32x4 amk_lds16(const void* p) {
-  if (((uintptr_t)p) % 16) __builtin_trap();
-  amk_u32x4 r;
-  memcpy(&r, p, 16);
-  return r;
-}
-AMK_DEVICE unsigned amk_lds4(const void* p) {
-  unsigned r;
-  memcpy(&r, p, 4);
   return r;
 }
 AMK_DEVICE float __uint_as_float(unsigned u) {

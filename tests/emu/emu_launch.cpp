@@ -25,6 +25,3 @@ extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, cons
   for (auto& th : threads) th.join();
   return 0;
 }
-
-// Asynchronous copies issued since the library was loaded (the GEMV weight ring's).
-extern "C" long long amk_emu_async_copy_count() { return amk_emu_async_copies.load(); }
