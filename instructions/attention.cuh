@@ -125,95 +125,14 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
 }
 
-#ifndef AMK_ATTN_PIPE
-#define AMK_ATTN_PIPE 1  // the half-precision score pass loads the next rows while it scores these
-#endif
-
-// The scores of one pass's U rows per lane group (rows jw + u * step + grp) for every q head,
-// kf(u, x) giving float x of row u's lane share. One head at a time over the U rows: U
-// independent dot products, shuffle chains and keys in flight together (the latency of one
-// chain is what a warp waits on), and one max reduction and atomic per head for all U rows.
-template <class KF>
-AMK_DEVICE void amk_attn_score_heads(const AmkKvRows& K, const float* qs, int ja, int jb, int jw, int step, int qh,
-                                     float scale, int qdt, int* mkey, float* cache, int cap, const KF& kf) {
-  constexpr int U = AMK_ATTN_UNROLL;
-  const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
-#pragma unroll 1
-  for (int h = 0; h < qh; ++h) {
-    float t[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) t[u] = 0.0f;
-#pragma unroll
-    for (int x = 0; x < AMK_KV_LANE; ++x) {
-      const int d = amk_kv_dim(K, sub, x);  // (recomputed: registers are at the kernel's limit)
-      if (d >= hd) continue;
-      const float qx = qs[h * hd + d];
-#pragma unroll
-      for (int u = 0; u < U; ++u) t[u] += qx * kf(u, x);
-    }
-    for (int m = K.G / 2; m > 0; m >>= 1)
-#pragma unroll
-      for (int u = 0; u < U; ++u) t[u] += amk_shfl_xor(t[u], m);
-    constexpr int kNone = -2147483647 - 1;  // below every float's key
-    int key = kNone;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = jw + u * step + grp;
-      t[u] = amk_round(qdt, amk_mul(amk_round(qdt, t[u]), scale));  // HF: rnd(rnd(q.k) * scale)
-      if (j < jb) {
-        const int k = amk_order_key(t[u]);
-        key = k > key ? k : key;
-        if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t[u];
-      }
-    }
-    if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
-      for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
-        const int other = amk_shfl_xor_int(key, m);
-        key = other > key ? other : key;
-      }
-      if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
-    }
-  }
-}
-
 // Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
 // into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
-// (mkey == nullptr): every row cached the same way. A half-precision cache read with vector
-// loads (the usual one) keeps its rows raw, 8 halves a lane (4 registers a row, converted
-// at use), and loads the next pass's rows before scoring these: a long split waits on one
-// K round trip, not one per pass, in the registers one pass's floats took. Same sums, same
-// order, whichever path.
+// (mkey == nullptr): every row cached the same way.
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
   constexpr int U = AMK_ATTN_UNROLL;
-  const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G;
+  const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
-  if (AMK_ATTN_PIPE && K.vec && K.bytes == 2) {
-    const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 8) * 2;
-    const auto load = [&](amk_u32x4* raw, int jw) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = jw + u * step + grp;
-        raw[u] = j < jb && sub < K.C ? amk_ld16(base + (amk_i64)j * K.width * 2) : amk_u32x4{0u, 0u, 0u, 0u};
-      }
-    };
-    amk_u32x4 a[U], b[U];  // ping-pong: the rows being scored and the next pass's, no copies
-    const int pass = step * U;
-    int jw = ja + amk_warp() * K.R;
-    if (jw < jb) load(a, jw);
-#pragma unroll 1
-    while (jw < jb) {  // warp-uniform: shuffles inside are safe
-      if (jw + pass < jb) load(b, jw + pass);
-      amk_attn_score_heads(K, qs, ja, jb, jw, step, qh, scale, qdt, mkey, cache, cap,
-                           [&](int u, int x) { return amk_v16_get(a[u], x, K.dt); });
-      if ((jw += pass) >= jb) break;
-      if (jw + pass < jb) load(a, jw + pass);
-      amk_attn_score_heads(K, qs, ja, jb, jw, step, qh, scale, qdt, mkey, cache, cap,
-                           [&](int u, int x) { return amk_v16_get(b[u], x, K.dt); });
-      jw += pass;
-    }
-    return;
-  }
 #pragma unroll 1
   for (int jw = ja + amk_warp() * K.R; jw < jb; jw += step * U) {  // warp-uniform: shuffles below are safe
     float kf[U][AMK_KV_LANE];
@@ -222,8 +141,45 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       const int j = jw + u * step + grp;
       amk_kv_load(K, j < jb ? j : -1, sub, kf[u]);
     }
-    amk_attn_score_heads(K, qs, ja, jb, jw, step, qh, scale, qdt, mkey, cache, cap,
-                         [&](int u, int x) { return kf[u][x]; });
+    // one head at a time over the U rows: U independent dot products, shuffle chains and
+    // keys in flight together (the latency of one chain is what a warp waits on), and one
+    // max reduction and atomic per head for all U rows
+#pragma unroll 1
+    for (int h = 0; h < qh; ++h) {
+      float t[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) t[u] = 0.0f;
+#pragma unroll
+      for (int x = 0; x < AMK_KV_LANE; ++x) {
+        const int d = amk_kv_dim(K, sub, x);  // (recomputed: registers are at the kernel's limit)
+        if (d >= hd) continue;
+        const float qx = qs[h * hd + d];
+#pragma unroll
+        for (int u = 0; u < U; ++u) t[u] += qx * kf[u][x];
+      }
+      for (int m = K.G / 2; m > 0; m >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; ++u) t[u] += amk_shfl_xor(t[u], m);
+      constexpr int kNone = -2147483647 - 1;  // below every float's key
+      int key = kNone;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int j = jw + u * step + grp;
+        t[u] = amk_round(qdt, amk_mul(amk_round(qdt, t[u]), scale));  // HF: rnd(rnd(q.k) * scale)
+        if (j < jb) {
+          const int k = amk_order_key(t[u]);
+          key = k > key ? k : key;
+          if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t[u];
+        }
+      }
+      if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
+        for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
+          const int other = amk_shfl_xor_int(key, m);
+          key = other > key ? other : key;
+        }
+        if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
+      }
+    }
   }
 }
 
