@@ -125,11 +125,72 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
 }
 
+#ifndef AMK_ATTN_WIDE
+#define AMK_ATTN_WIDE 1  // half-precision K rows scored 4 vectors a lane (amk_attn_scores_wide)
+#endif
+
+// Can the score pass give each lane 4 vectors (32 halves) of a K row? (Half-precision rows
+// read with vectors, head_dim a multiple of 32, whole-lane groups.)
+AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) {
+  const int g = K.C / 4;
+  return AMK_ATTN_WIDE && K.vec && K.bytes == 2 && K.C % 4 == 0 && g >= 1 && g <= AMK_WARP_SIZE && (g & (g - 1)) == 0;
+}
+
+// amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row
+// (G = head_dim / 32 lanes per row: 2 at head_dim 64, one shuffle level), so a warp scores
+// 32 / G rows per load and a head's dot product is four independent chains of 8 products
+// per lane. The split layout (8 halves a lane) spends most of a pass in its dependent chains
+// (four heads, each 8 FMAs, three shuffle levels, then the key's): ~4 us per pass of 96 rows
+// (eval/PERF_NOTES.md item 31). Same results contract: exact maximum keys, the first cap
+// scores cached; the sums' order differs from the split layout's (both are fp32 dots).
+AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
+                                     int qdt, int* mkey, float* cache, int cap) {
+  const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
+  const int step = amk_nwarps() * R;
+  const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
+  constexpr int kNone = -2147483647 - 1;  // below every float's key
+#pragma unroll 1
+  for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
+    const int j = jw + grp;
+    amk_u32x4 raw[4];
+    const char* row = base + (amk_i64)j * K.width * 2;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+#pragma unroll 1
+    for (int h = 0; h < qh; ++h) {
+      const float* q = qs + h * hd + sub * 32;
+      float part[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        part[c] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) part[c] += q[c * 8 + i] * amk_v16_get(raw[c], i, K.dt);
+      }
+      float t = (part[0] + part[1]) + (part[2] + part[3]);
+      for (int m = G / 2; m > 0; m >>= 1) t += amk_shfl_xor(t, m);
+      t = amk_round(qdt, amk_mul(amk_round(qdt, t), scale));  // HF: rnd(rnd(q.k) * scale)
+      int key = kNone;
+      if (j < jb) {
+        key = amk_order_key(t);
+        if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t;
+      }
+      if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
+        for (int m = G; m < AMK_WARP_SIZE; m <<= 1) {
+          const int other = amk_shfl_xor_int(key, m);
+          key = other > key ? other : key;
+        }
+        if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
+      }
+    }
+  }
+}
+
 // Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
 // into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
 // (mkey == nullptr): every row cached the same way.
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
+  if (amk_attn_wide_ok(K)) return amk_attn_scores_wide(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;

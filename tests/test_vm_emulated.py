@@ -68,6 +68,28 @@ def test_attention_ops(emu, qk_norm, splits, block):
     run_both(emu, prog, t, list(zip(ATTN_TOKENS, range(len(ATTN_TOKENS)))))
 
 
+@pytest.mark.parametrize("head_dim,splits", [(32, 1), (64, 1), (64, 3), (128, 1)])
+def test_attention_half_precision_kv(emu, head_dim, splits):
+    """bf16 K/V caches, as lowered models have them: the score pass reads rows with 16-byte
+    vectors, 4 of them a lane (instructions/attention.cuh, amk_attn_scores_wide), over splits
+    of several passes (a random history of 200 rows in both VMs)."""
+    from amk.schedule.ir import BufferKind
+    from amk.vm.reference import ReferenceVM
+
+    cap, pos = 256, 200
+    prog, t = attention_program(heads=8, kv_heads=2, head_dim=head_dim, splits=splits, block=16, capacity=cap,
+                                seed=head_dim + splits)
+    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": DType.BF16}) if b.kind == BufferKind.KV_CACHE
+                                               else b for b in prog.buffers]})
+    ref, vm = ReferenceVM(prog, t), emu(prog, t)
+    gen = torch.Generator().manual_seed(head_dim)
+    for name in ("k_cache", "v_cache"):
+        hist = torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen).to(torch.bfloat16)
+        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1).to(ref.mem[ref._by_name[name].id].dtype))
+        vm.tensors[name].copy_(hist.reshape(-1))
+    close(vm.run_step(5, pos)["out"], ref.run_step(5, pos)["out"], f"bf16 KV attention, head_dim {head_dim}")
+
+
 def test_silu_mul_and_add(emu):
     run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
 
