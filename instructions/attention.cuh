@@ -13,7 +13,8 @@
 // A row of head_dim elements is split over G lanes (G = head_dim / VEC rounded up to a power
 // of two, VEC elements per 16-byte load), so one warp covers 32/G rows at a time and every
 // lane keeps AMK_ATTN_UNROLL rows' loads in flight: the K and V bytes stream like the GEMV
-// weights do instead of one 2-byte load per lane and row. Rows that are not 16-byte aligned
+// weights do instead of one 2-byte load per lane and row. The score pass over half-precision
+// rows (the usual cache) gives a lane 4 vectors of a row instead (amk_attn_scores_wide). Rows that are not 16-byte aligned
 // take element loads with the same lane layout. The P.V pass accumulates AMK_ATTN_HB query
 // heads at a time in registers; warps reduce across their row groups with shuffles and across
 // warps through shared memory in a fixed order (deterministic).
@@ -125,8 +126,11 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
 }
 
+// The wide score pass is compiled into the builds the loader makes (one program's weight
+// dtypes); the every-dtype build of the compile checks leaves it out, where it tips the
+// scheduler loop into a 12-byte spill on sm_90. The emulator turns it on (tests/emu_vm.py).
 #ifndef AMK_ATTN_WIDE
-#define AMK_ATTN_WIDE 1  // half-precision K rows scored 4 vectors a lane (amk_attn_scores_wide)
+#define AMK_ATTN_WIDE ((AMK_GEMV_WDTYPES) != 0x3f)
 #endif
 
 // Can the score pass give each lane 4 vectors (32 halves) of a K row? (Half-precision rows
@@ -139,10 +143,11 @@ AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) {
 // amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row
 // (G = head_dim / 32 lanes per row: 2 at head_dim 64, one shuffle level), so a warp scores
 // 32 / G rows per load and a head's dot product is four independent chains of 8 products
-// per lane. The split layout (8 halves a lane) spends most of a pass in its dependent chains
-// (four heads, each 8 FMAs, three shuffle levels, then the key's): ~4 us per pass of 96 rows
-// (eval/PERF_NOTES.md item 31). Same results contract: exact maximum keys, the first cap
-// scores cached; the sums' order differs from the split layout's (both are fp32 dots).
+// per lane. The split layout (8 halves a lane) spent most of a pass in its dependent chains
+// (four heads, each 8 FMAs, three shuffle levels, then the key's): ~4 us per pass of 96 rows.
+// This one: 1B ctx 8192 2110 -> 1961 us, ctx 1024 1607 -> 1587 (eval/PERF_NOTES.md items
+// 31-32). Same results contract: exact maximum keys, the first cap scores cached; the sums'
+// order differs from the split layout's (both are fp32 dots).
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;

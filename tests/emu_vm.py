@@ -23,6 +23,10 @@ from amk.vm.build import kernel_sources, source_dirs
 from amk.vm.loader import ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
+# the emulator has no register limit: the wide attention score pass (instructions/attention.cuh),
+# which the every-dtype GPU build leaves out, is compiled in so that the tests run it
+EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
+             "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1")
 _LIB: Optional[ctypes.CDLL] = None
 
 
@@ -41,12 +45,12 @@ def build(out_dir: Path) -> ctypes.CDLL:
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
         h.update(f.read_bytes())
+    h.update(" ".join(EMU_FLAGS).encode())
     lib = out_dir / f"amk_emu_{h.hexdigest()[:16]}.so"
     if not lib.exists():
         vm_dir, ins_dir = source_dirs()
-        cmd = [compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall",
-               "-Wextra", "-Werror", "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", f"-I{EMU_DIR}", f"-I{vm_dir}",
-               f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"), "-o", str(lib)]
+        cmd = [compiler(), *EMU_FLAGS, f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"),
+               "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     _LIB = ctypes.CDLL(str(lib))
     _LIB.amk_emu_launch.restype = ctypes.c_int

@@ -12,8 +12,9 @@ import zlib
 import pytest
 import torch
 
-from amk.schedule.ir import DType, Scope
+from amk.schedule.ir import BufferKind, DType, Scope
 from amk.vm.loader import VMHangError
+from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
 from vm_cases import (
@@ -73,9 +74,6 @@ def test_attention_half_precision_kv(emu, head_dim, splits):
     """bf16 K/V caches, as lowered models have them: the score pass reads rows with 16-byte
     vectors, 4 of them a lane (instructions/attention.cuh, amk_attn_scores_wide), over splits
     of several passes (a random history of 200 rows in both VMs)."""
-    from amk.schedule.ir import BufferKind
-    from amk.vm.reference import ReferenceVM
-
     cap, pos = 256, 200
     prog, t = attention_program(heads=8, kv_heads=2, head_dim=head_dim, splits=splits, block=16, capacity=cap,
                                 seed=head_dim + splits)
