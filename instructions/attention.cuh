@@ -126,6 +126,18 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
 }
 
+#define AMK_ATTN_NO_KEY (-2147483647 - 1)  // below every float's key
+
+// Pass 1's maximum: the warp's largest key over its row groups (lanes g apart), then one
+// shared atomic per warp; integer keys, so exact and independent of the order.
+AMK_DEVICE void amk_attn_key_max(int key, int g, int* mkey) {
+  for (int m = g; m < AMK_WARP_SIZE; m <<= 1) {
+    const int other = amk_shfl_xor_int(key, m);
+    key = other > key ? other : key;
+  }
+  if (amk_lane() == 0 && key != AMK_ATTN_NO_KEY) atomicMax(mkey, key);
+}
+
 // The wide score pass is compiled into the builds the loader makes (one program's weight
 // dtypes); the every-dtype build of the compile checks leaves it out, where it tips the
 // scheduler loop into a 12-byte spill on sm_90. The emulator turns it on (tests/emu_vm.py).
@@ -153,7 +165,6 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
-  constexpr int kNone = -2147483647 - 1;  // below every float's key
 #pragma unroll 1
   for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
     const int j = jw + grp;
@@ -174,18 +185,12 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
       float t = (part[0] + part[1]) + (part[2] + part[3]);
       for (int m = G / 2; m > 0; m >>= 1) t += amk_shfl_xor(t, m);
       t = amk_round(qdt, amk_mul(amk_round(qdt, t), scale));  // HF: rnd(rnd(q.k) * scale)
-      int key = kNone;
+      int key = AMK_ATTN_NO_KEY;
       if (j < jb) {
         key = amk_order_key(t);
         if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t;
       }
-      if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
-        for (int m = G; m < AMK_WARP_SIZE; m <<= 1) {
-          const int other = amk_shfl_xor_int(key, m);
-          key = other > key ? other : key;
-        }
-        if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
-      }
+      if (mkey != nullptr) amk_attn_key_max(key, G, &mkey[h]);
     }
   }
 }
@@ -226,8 +231,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       for (int m = K.G / 2; m > 0; m >>= 1)
 #pragma unroll
         for (int u = 0; u < U; ++u) t[u] += amk_shfl_xor(t[u], m);
-      constexpr int kNone = -2147483647 - 1;  // below every float's key
-      int key = kNone;
+          int key = AMK_ATTN_NO_KEY;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jw + u * step + grp;
@@ -238,13 +242,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
           if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t[u];
         }
       }
-      if (mkey != nullptr) {  // the warp's rows (integer keys: exact, order-free), then one atomic
-        for (int m = K.G; m < AMK_WARP_SIZE; m <<= 1) {
-          const int other = amk_shfl_xor_int(key, m);
-          key = other > key ? other : key;
-        }
-        if (lane == 0 && key != kNone) atomicMax(&mkey[h], key);
-      }
+      if (mkey != nullptr) amk_attn_key_max(key, K.G, &mkey[h]);
     }
   }
 }
