@@ -14,10 +14,10 @@
 // of two, VEC elements per 16-byte load), so one warp covers 32/G rows at a time and every
 // lane keeps AMK_ATTN_UNROLL rows' loads in flight: the K and V bytes stream like the GEMV
 // weights do instead of one 2-byte load per lane and row. The score pass over half-precision
-// rows (the usual cache) gives a lane 4 vectors of a row instead (amk_attn_scores_wide). Rows that are not 16-byte aligned
-// take element loads with the same lane layout. The P.V pass accumulates AMK_ATTN_HB query
-// heads at a time in registers; warps reduce across their row groups with shuffles and across
-// warps through shared memory in a fixed order (deterministic).
+// rows (the usual cache) gives a lane 4 vectors of a row instead (amk_attn_scores_wide). Rows
+// that are not 16-byte aligned take element loads with the same lane layout. The P.V pass
+// accumulates AMK_ATTN_HB query heads at a time in registers; warps reduce across their row
+// groups with shuffles and across warps through shared memory in a fixed order (deterministic).
 //
 // Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | mkey[QH] | wpart[nwarps*HB*hd] | cache[QH*cap]
 #pragma once
@@ -231,7 +231,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
       for (int m = K.G / 2; m > 0; m >>= 1)
 #pragma unroll
         for (int u = 0; u < U; ++u) t[u] += amk_shfl_xor(t[u], m);
-          int key = AMK_ATTN_NO_KEY;
+      int key = AMK_ATTN_NO_KEY;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jw + u * step + grp;

@@ -77,8 +77,8 @@ def test_attention_half_precision_kv(emu, head_dim, splits):
     cap, pos = 256, 200
     prog, t = attention_program(heads=8, kv_heads=2, head_dim=head_dim, splits=splits, block=16, capacity=cap,
                                 seed=head_dim + splits)
-    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": DType.BF16}) if b.kind == BufferKind.KV_CACHE
-                                               else b for b in prog.buffers]})
+    bf16 = [b.model_copy(update={"dtype": DType.BF16}) if b.kind == BufferKind.KV_CACHE else b for b in prog.buffers]
+    prog = prog.model_copy(update={"buffers": bf16})
     ref, vm = ReferenceVM(prog, t), emu(prog, t)
     gen = torch.Generator().manual_seed(head_dim)
     for name in ("k_cache", "v_cache"):
