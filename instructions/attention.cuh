@@ -126,6 +126,12 @@ AMK_DEVICE int amk_kv_dim(const AmkKvRows& r, int sub, int x) {
   return c < r.NV ? (sub + c * r.G) * r.VEC + x % r.VEC : r.hd;
 }
 
+// A score from its dot product q.k, rounded as HF computes it in the query's dtype:
+// rnd(rnd(q.k) * scale). Both score passes use it, so their scores agree bit for bit.
+AMK_DEVICE float amk_attn_scaled(float dot, float scale, int qdt) {
+  return amk_round(qdt, amk_mul(amk_round(qdt, dot), scale));
+}
+
 #define AMK_ATTN_NO_KEY (-2147483647 - 1)  // below every float's key
 
 // Pass 1's maximum: the warp's largest key over its row groups (lanes g apart), then one
@@ -184,7 +190,7 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
       }
       float t = (part[0] + part[1]) + (part[2] + part[3]);
       for (int m = G / 2; m > 0; m >>= 1) t += amk_shfl_xor(t, m);
-      t = amk_round(qdt, amk_mul(amk_round(qdt, t), scale));  // HF: rnd(rnd(q.k) * scale)
+      t = amk_attn_scaled(t, scale, qdt);
       int key = AMK_ATTN_NO_KEY;
       if (j < jb) {
         key = amk_order_key(t);
@@ -235,7 +241,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int j = jw + u * step + grp;
-        t[u] = amk_round(qdt, amk_mul(amk_round(qdt, t[u]), scale));  // HF: rnd(rnd(q.k) * scale)
+        t[u] = amk_attn_scaled(t[u], scale, qdt);
         if (j < jb) {
           const int k = amk_order_key(t[u]);
           key = k > key ? k : key;
