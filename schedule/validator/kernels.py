@@ -550,58 +550,68 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
     if n == 0:
         return 0
     # per segment: the last writer's (queue, position), or queue -1; the readers since then,
-    # as (queue, position) pairs in the segment's own run of `readers` (sized by a count of
-    # its reading accesses: a writer scans them in order, no list to chase). Task a happens
-    # before task b iff clock[b, queue of a] >= position of a. (int32: all of these fit)
+    # as (queue, position) pairs in the segment's own run of reader_q/reader_pos (sized by
+    # how many reading accesses cover it: a writer scans them in order, no list to chase).
+    # Task a happens before task b iff clock[b, queue of a] >= position of a. (int32: all fit)
     writer_q = np.full(nseg, -1, np.int32)
     writer_pos = np.zeros(nseg, np.int32)
-    fill = np.zeros(nseg + 1, np.int64)
+    cover = np.zeros(nseg + 1, np.int64)  # reading accesses starting at each segment, less those ending there
     for k in range(n):
         if not a_write[k]:
-            for s in range(s_lo[k], s_hi[k]):
-                fill[s + 1] += 1
+            cover[s_lo[k]] += 1
+            cover[s_hi[k]] -= 1
+    fill = np.zeros(nseg + 1, np.int64)  # segment s's run starts at fill[s] (then: where its next reader goes)
+    c = 0
     for s in range(nseg):
-        fill[s + 1] += fill[s]
-    readers = np.empty(2 * fill[nseg], np.int32)
-    pending = fill[:nseg].copy()  # the segment's readers since its last writer: readers[pending[s]:fill[s]] (pairs)
-    stamp = np.full(nseg, -1, np.int32)
-    flags = np.zeros(nseg, np.int8)  # bit 0: the task reads the segment, bit 1: writes it
-    touched = np.empty(nseg, np.int32)
+        c += cover[s]
+        fill[s + 1] = fill[s] + c
+    reader_q = np.empty(fill[nseg], np.int32)
+    reader_pos = np.empty(fill[nseg], np.int32)
+    pending = fill[:nseg].copy()  # the segment's readers since its last writer: reader_*[pending[s]:fill[s]]
+    # a task takes its reads, then its writes, each segment once: stamp[s] is 2t + 1 once
+    # task t has read s, 2t + 2 once it has written it (an in-place segment is both, in turn)
+    stamp = np.zeros(nseg, np.int32)
     checks = 0
     for t in topo:  # tasks in happens-before order
-        m = 0
-        for k in range(a_start[t], a_start[t + 1]):  # the task's intervals: merged per segment
-            bit = 2 if a_write[k] else 1
-            for s in range(s_lo[k], s_hi[k]):
-                if stamp[s] != t:
-                    stamp[s] = t
-                    flags[s] = bit
-                    touched[m] = s
-                    m += 1
-                else:
-                    flags[s] |= bit
-        row = clock[t]
         tq, tpos = queue_of[t], pos[t]
-        for j in range(m):
-            s = touched[j]
-            wq, f = writer_q[s], flags[s]
-            if wq >= 0:
-                if row[wq] < writer_pos[s]:
+        read, wrote = 2 * t + 1, 2 * t + 2
+        for k in range(a_start[t], a_start[t + 1]):
+            if a_write[k]:
+                continue
+            for s in range(s_lo[k], s_hi[k]):
+                if stamp[s] == read:
+                    continue
+                stamp[s] = read
+                wq = writer_q[s]
+                if wq < 0:
+                    return REJECT_STALE
+                if clock[t, wq] < writer_pos[s]:
                     return REJECT_RACE
                 checks += 1
-            elif f & 1:
-                return REJECT_STALE
-            if f & 2:
+                p = fill[s]
+                reader_q[p], reader_pos[p] = tq, tpos
+                fill[s] = p + 1
+        for k in range(a_start[t], a_start[t + 1]):
+            if not a_write[k]:
+                continue
+            for s in range(s_lo[k], s_hi[k]):
+                st = stamp[s]
+                if st == wrote:
+                    continue
+                stamp[s] = wrote
+                wq = writer_q[s]
+                if st == read:
+                    fill[s] -= 1  # this task's own read, the last one listed: it happens before its write
+                elif wq >= 0:
+                    if clock[t, wq] < writer_pos[s]:
+                        return REJECT_RACE
+                    checks += 1
                 for p in range(pending[s], fill[s]):
-                    if row[readers[2 * p]] < readers[2 * p + 1]:
+                    if clock[t, reader_q[p]] < reader_pos[p]:
                         return REJECT_RACE
                 checks += fill[s] - pending[s]
                 pending[s] = fill[s]
                 writer_q[s], writer_pos[s] = tq, tpos
-            else:
-                p = fill[s]
-                readers[2 * p], readers[2 * p + 1] = tq, tpos
-                fill[s] = p + 1
     return checks
 
 
