@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from amk.schedule import ir
 from amk.schedule.compact import CompactProgram, compact, expand
-from amk.schedule.validator import fast
+from amk.schedule.validator import fast, kernels
 from amk.schedule.validator.form import check_buffers, check_program_header, check_tasks
 from amk.schedule.validator.order import Order
 from amk.schedule.validator.race import Accesses, check_races, check_tiles
@@ -121,8 +121,9 @@ def _run_checks(prog: ir.Program, rep: Report) -> int:
 def program_hash(program) -> str:
     """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
     other fields and the distinct params as JSON, the buffer, counter and task names, then
-    every integer column of the compact form. Same program, same hash (and cheap: no
-    per-task JSON)."""
+    every integer column of the compact form, each narrowed losslessly to the fewest bytes
+    per value that hold it (`kernels.narrow_arrays`: SHA-256 costs by the byte). Same
+    program, same hash (and cheap: no per-task JSON)."""
     cp = program if isinstance(program, CompactProgram) else compact(program)
     if cp is None:
         raise ValueError("a program whose task ids are not 0..n-1 has no hash")
@@ -131,9 +132,7 @@ def program_hash(program) -> str:
     h.update(pydantic_core.to_json(cp.params))
     for names in (cp.buffer_names, cp.counter_names, cp.names):
         h.update("\x00".join(names).encode() + b"\x01")
-    for column in cp.arrays():
-        h.update(len(column).to_bytes(8, "little"))
-        h.update(column.tobytes())
+    h.update(kernels.narrow_arrays(tuple(a.reshape(len(a), -1) for a in cp.arrays())))
     return h.hexdigest()
 
 
