@@ -161,10 +161,11 @@ AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
 }
 
 // One quantized vector's contribution: scale * sum(code * x) (+ zero * sum(x) for U4).
-template <int DT>
-AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, float sc, float z) {
-  if constexpr (DT == AMK_DTYPE_U4) return sc * AmkWFmt<DT>::dot(raw, xv, xsum) + z * xsum;
-  else return sc * AmkWFmt<DT>::dot(raw, xv);
+// (raw: the vector's words rotated by rot.words; xv: the vector's x in natural order)
+template <int DT, class R>
+AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, float sc, float z, R rot) {
+  if constexpr (DT == AMK_DTYPE_U4) return sc * AmkWFmt<DT>::dot(raw, xv, xsum, rot) + z * xsum;
+  else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
@@ -181,6 +182,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0;
+  const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
   AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
@@ -197,8 +199,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
       if (v < nvec) {
-        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
-        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+        raw1[u] = rot.words(amk_ld16_weight(row1 + (amk_i64)v * 16));
+        if (PAIR) raw2[u] = rot.words(amk_ld16_weight(row2 + (amk_i64)v * 16));
         if constexpr (Q) {
           const int g = grp(v);
           sc1[u] = sr1.raw(g);
@@ -217,14 +219,14 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
         const float* xv = xs + v * F::VEC;
         if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
-          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f);
-          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f);
+          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
         } else {
 #pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * xv[j];
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * rot.x(xv, j);
           if (PAIR) {
 #pragma unroll
-            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * xv[j];
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * rot.x(xv, j);
           }
         }
       }

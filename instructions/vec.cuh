@@ -16,6 +16,39 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
   return r;
 }
 
+// Why a lane reads x in its own order: the GEMV lanes of a row take consecutive weight vectors,
+// so their fp32 slices of x sit 4 x (elements per vector) bytes apart in shared memory, and
+// the same 16-byte read of every lane (its vector's c-th chunk of 4 floats) falls into the
+// same 4 of the 32 banks: 2-way conflicts for bf16, 4-way for int8, 8-way for int4, which
+// cap the quantized rows below the HBM rate. Each lane visits its vector's C chunks rotated
+// by s, so the 8 lanes of a quarter warp read 8 different bank groups; the weight words are
+// rotated to match (AmkXRot::words), so chunk c of the rotated words pairs with x chunk
+// (c + s) mod C.
+#ifndef AMK_GEMV_XROT
+#define AMK_GEMV_XROT 1
+#endif
+template <int C>  // chunks of 4 floats per vector: 1 (f32), 2 (16-bit), 4 (int8), 8 (int4)
+struct AmkXRot {
+  int s;
+  // for the lane at position sub of its row: vectors 8 / C apart share a bank group
+  static AMK_DEVICE AmkXRot of(int sub) { return AmkXRot{AMK_GEMV_XROT ? (sub / (8 / C)) & (C - 1) : 0}; }
+  AMK_DEVICE const float* chunk(const float* xv, int c) const { return xv + (((c + s) & (C - 1)) << 2); }
+  AMK_DEVICE float x(const float* xv, int j) const { return chunk(xv, j >> 2)[j & 3]; }  // x of element j
+  AMK_DEVICE amk_u32x4 words(amk_u32x4 v) const {  // chunk c of the result = chunk (c + s) mod C of v
+    if constexpr (C == 2) {
+      if (s & 1) v = amk_u32x4{v.z, v.w, v.x, v.y};
+    } else if constexpr (C >= 4) {
+      const int w = C == 4 ? s : s >> 1;  // whole words (int4: two chunks a word)
+      if (w & 1) v = amk_u32x4{v.y, v.z, v.w, v.x};
+      if (w & 2) v = amk_u32x4{v.z, v.w, v.x, v.y};
+      if (C == 8 && (s & 1)) v = amk_u32x4{amk_hi_lo(v.x, v.y), amk_hi_lo(v.y, v.z), amk_hi_lo(v.z, v.w), amk_hi_lo(v.w, v.x)};
+    }
+    return v;
+  }
+  // the high half of a, then the low half of b: one chunk further along (int4)
+  static AMK_DEVICE unsigned amk_hi_lo(unsigned a, unsigned b) { return (a >> 16) | (b << 16); }
+};
+
 // Element j of a 16-byte vector of format DT, as fp32 (VEC elements of BITS bits each).
 template <int DT> struct AmkWFmt;
 template <> struct AmkWFmt<AMK_DTYPE_F32> {
@@ -48,12 +81,12 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
   // sum_j code_j * x[j] over the vector, exactly-converted codes: code + 128 as the low byte
   // of 2^23's mantissa is the float 2^23 + code + 128, so one byte move and one exact
   // subtraction replace the (quarter-rate) integer-to-float conversion.
-  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x) {
+  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, AmkXRot<4> rot) {
     const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      s += (__uint_as_float(0x4B000000u | ((w[j >> 2] >> (8 * (j & 3))) & 0xffu)) - 8388736.0f) * x[j];
+      s += (__uint_as_float(0x4B000000u | ((w[j >> 2] >> (8 * (j & 3))) & 0xffu)) - 8388736.0f) * rot.x(x, j);
     return s;
   }
 };
@@ -66,7 +99,7 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   // sum_j code_j * x[j] over the vector, given xsum = sum_j x[j]: a code in bits 16..19 of
   // 128.0f's mantissa is the float 128 + code (exact), so each element costs one byte move
   // and one FMA; the 128 * xsum taken off at the end cancels ~4 bits (relative error ~1e-6).
-  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum) {
+  static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum, AmkXRot<8> rot) {
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;
 #pragma unroll
@@ -74,8 +107,8 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
       const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        s += __uint_as_float(0x43000000u | (((even >> (8 * b)) & 0xffu) << 16)) * x[8 * i + 2 * b];
-        s += __uint_as_float(0x43000000u | (((odd >> (8 * b)) & 0xffu) << 16)) * x[8 * i + 2 * b + 1];
+        s += __uint_as_float(0x43000000u | (((even >> (8 * b)) & 0xffu) << 16)) * rot.x(x, 8 * i + 2 * b);
+        s += __uint_as_float(0x43000000u | (((odd >> (8 * b)) & 0xffu) << 16)) * rot.x(x, 8 * i + 2 * b + 1);
       }
     }
     return s - 128.0f * xsum;

@@ -76,6 +76,9 @@ GEMV_CASES = {
     "bf16_out": GemvCase(rows=40, k=64, out_dtype=DType.BF16, epilogue=Epilogue.ADD),
     "f16_out_rope": GemvCase(rows=32, k=64, epilogue=Epilogue.ROPE_APPEND, head_dim=16, out_dtype=DType.F16),
     "long_k": GemvCase(rows=64, k=2048, slabs=2, norm_eps=1e-5),
+    # rows long enough for 8-16 lanes a row: every rotation of a lane's x chunks (vec.cuh AmkXRot)
+    "i8_long_k": GemvCase(rows=16, k=2048, quant="i8", group=128, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
+    "u4_long_k": GemvCase(rows=16, k=2048, quant="u4", group=64),
 }
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 ATTN_SPLITS = [(1, 1), (3, 2), (5, 1)]
