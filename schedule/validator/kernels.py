@@ -6,7 +6,10 @@ explaining path, which names every violation). Nothing here explains anything.
 
 Numba does not bounds-check: every index read from the program (buffer, counter, task,
 slot) is range-checked before it is used as one. The functions are plain Python when numba
-is missing (`AVAILABLE` is then False and `validate()` does not use them).
+is missing (`AVAILABLE` is then False and `validate()` does not use them for checking).
+
+One function here is not a check: `narrow_arrays`, the encoding of the integer columns
+that the program digest (`validate.program_hash`) hashes, with or without numba.
 """
 
 from __future__ import annotations
