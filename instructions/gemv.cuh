@@ -199,8 +199,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
       if (v < nvec) {
-        raw1[u] = rot.words(amk_ld16_weight(row1 + (amk_i64)v * 16));
-        if (PAIR) raw2[u] = rot.words(amk_ld16_weight(row2 + (amk_i64)v * 16));
+        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
         if constexpr (Q) {
           const int g = grp(v);
           sc1[u] = sr1.raw(g);
@@ -215,18 +215,19 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
-      if (v < nvec) {
+      if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
         const float* xv = xs + v * F::VEC;
+        const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
         if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
-          s1 += amk_qvec<DT>(raw1[u], xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
-          if (PAIR) s2 += amk_qvec<DT>(raw2[u], xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+          s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
         } else {
 #pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s1 += F::get(raw1[u], j) * rot.x(xv, j);
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
           if (PAIR) {
 #pragma unroll
-            for (int j = 0; j < F::VEC; ++j) s2 += F::get(raw2[u], j) * rot.x(xv, j);
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
           }
         }
       }
