@@ -21,9 +21,10 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
 // the same 16-byte read of every lane (its vector's c-th chunk of 4 floats) falls into the
 // same 4 of the 32 banks: 2-way conflicts for bf16, 4-way for int8, 8-way for int4, which
 // cap the quantized rows below the HBM rate. Each lane visits its vector's C chunks rotated
-// by s, so the 8 lanes of a quarter warp read 8 different bank groups; the weight words are
-// rotated to match (AmkXRot::words), so chunk c of the rotated words pairs with x chunk
-// (c + s) mod C.
+// by s, so the 8 lanes of a quarter warp read 8 different bank groups (int4: 4, rotated by
+// whole words of two chunks; finer rotations cost ptxas registers it does not have); the
+// weight words are rotated to match (AmkXRot::words), so chunk c of the rotated words pairs
+// with x chunk (c + s) mod C.
 #ifndef AMK_GEMV_XROT
 #define AMK_GEMV_XROT 1
 #endif
@@ -31,7 +32,10 @@ template <int C>  // chunks of 4 floats per vector: 1 (f32), 2 (16-bit), 4 (int8
 struct AmkXRot {
   int s;
   // for the lane at position sub of its row: vectors 8 / C apart share a bank group
-  static AMK_DEVICE AmkXRot of(int sub) { return AmkXRot{AMK_GEMV_XROT ? (sub / (8 / C)) & (C - 1) : 0}; }
+  static AMK_DEVICE AmkXRot of(int sub) {
+    if constexpr (C == 8) return AmkXRot{AMK_GEMV_XROT ? (sub & 3) << 1 : 0};
+    else return AmkXRot{AMK_GEMV_XROT ? (sub / (8 / C)) & (C - 1) : 0};
+  }
   AMK_DEVICE const float* chunk(const float* xv, int c) const { return xv + (((c + s) & (C - 1)) << 2); }
   AMK_DEVICE float x(const float* xv, int j) const { return chunk(xv, j >> 2)[j & 3]; }  // x of element j
   AMK_DEVICE amk_u32x4 words(amk_u32x4 v) const {  // chunk c of the result = chunk (c + s) mod C of v
@@ -41,13 +45,24 @@ struct AmkXRot {
       const int w = C == 4 ? s : s >> 1;  // whole words (int4: two chunks a word)
       if (w & 1) v = amk_u32x4{v.y, v.z, v.w, v.x};
       if (w & 2) v = amk_u32x4{v.z, v.w, v.x, v.y};
-      if (C == 8 && (s & 1)) v = amk_u32x4{amk_hi_lo(v.x, v.y), amk_hi_lo(v.y, v.z), amk_hi_lo(v.z, v.w), amk_hi_lo(v.w, v.x)};
     }
     return v;
   }
-  // the high half of a, then the low half of b: one chunk further along (int4)
-  static AMK_DEVICE unsigned amk_hi_lo(unsigned a, unsigned b) { return (a >> 16) | (b << 16); }
 };
+
+// The float with the bits of E (its top byte; the others zero) and byte k of w
+// as its byte P (0: the mantissa's lowest, 2: the highest whole byte): one PRMT.
+#ifndef AMK_Q_PRMT
+#define AMK_Q_PRMT 1
+#endif
+template <unsigned E, int P>
+AMK_DEVICE float amk_biased_byte(unsigned w, int k) {
+  if (AMK_Q_PRMT) {
+    constexpr unsigned keep = P == 0 ? 0x7440u : 0x7044u;  // result bytes 1..3 from E (selector 4..7)
+    return __uint_as_float(amk_byte_perm(w, E, keep | ((unsigned)k << (4 * P))));
+  }
+  return __uint_as_float(E | (((w >> (8 * k)) & 0xffu) << (8 * P)));
+}
 
 // Element j of a 16-byte vector of format DT, as fp32 (VEC elements of BITS bits each).
 template <int DT> struct AmkWFmt;
@@ -79,14 +94,14 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
     return (float)(signed char)((u >> (8 * (j & 3))) & 0xffu);
   }
   // sum_j code_j * x[j] over the vector, exactly-converted codes: code + 128 as the low byte
-  // of 2^23's mantissa is the float 2^23 + code + 128, so one byte move and one exact
-  // subtraction replace the (quarter-rate) integer-to-float conversion.
+  // of 2^23's mantissa is the float 2^23 + code + 128, so one byte permute (PRMT) and one
+  // exact subtraction replace the (quarter-rate) integer-to-float conversion.
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, AmkXRot<4> rot) {
     const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j)
-      s += (__uint_as_float(0x4B000000u | ((w[j >> 2] >> (8 * (j & 3))) & 0xffu)) - 8388736.0f) * rot.x(x, j);
+      s += (amk_biased_byte<0x4B000000u, 0>(w[j >> 2], j & 3) - 8388736.0f) * rot.x(x, j);
     return s;
   }
 };
@@ -107,8 +122,8 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
       const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        s += __uint_as_float(0x43000000u | (((even >> (8 * b)) & 0xffu) << 16)) * rot.x(x, 8 * i + 2 * b);
-        s += __uint_as_float(0x43000000u | (((odd >> (8 * b)) & 0xffu) << 16)) * rot.x(x, 8 * i + 2 * b + 1);
+        s += amk_biased_byte<0x43000000u, 2>(even, b) * rot.x(x, 8 * i + 2 * b);
+        s += amk_biased_byte<0x43000000u, 2>(odd, b) * rot.x(x, 8 * i + 2 * b + 1);
       }
     }
     return s - 128.0f * xsum;

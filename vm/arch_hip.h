@@ -73,6 +73,10 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
+// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3): one PRMT, which builds
+// a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
+AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
+
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }

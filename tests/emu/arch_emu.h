@@ -120,6 +120,13 @@ AMK_DEVICE int __float_as_int(float f) {
   memcpy(&i, &f, 4);
   return i;
 }
+// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3), as CUDA's __byte_perm.
+AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long v = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+}
 AMK_DEVICE float amk_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
 AMK_DEVICE unsigned short amk_f32_to_bf16(float f) {
   unsigned u;
