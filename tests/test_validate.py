@@ -451,3 +451,40 @@ def test_fast_path_reads_the_program_on_every_call():
     prog.tasks[5].waits = []
     res = validate(prog)
     assert not res.accepted and "read-after-write" in {v.check for v in res.violations}
+
+
+def test_classed_floats_are_read_only_by_their_class():
+    """fast.py memoises operand rules by `float_class` of each CLASSED_FLOATS field: within a
+    class, operand_rules and input_roles must not see the value (every params of the fuzz
+    classes, each classed field set to values of each class)."""
+    from amk.eval import fuzz
+    from amk.schedule.opspec import input_roles
+    from amk.schedule.validator.form import CLASSED_FLOATS, float_class, operand_rules
+
+    params = {}
+    for i in range(len(fuzz.plan(fuzz.CLASSES))):
+        _, prog, _ = fuzz.make_schedule(11, i)
+        for task in prog.tasks if prog is not None else ():
+            params[json.dumps(task.params.model_dump(mode="json"), sort_keys=True)] = task.params
+    values = [None, 1e-5, 0.5, 3, True, 1e300, 0.0, -0.0, -1e-5, float("inf"), float("nan"), False]
+    seen = set()
+    for p in params.values():
+        for name in CLASSED_FLOATS & p.__dict__.keys():
+            seen.add(name)
+            by_class: dict = {}
+            for v in values:
+                q = p.model_copy(update={name: v})
+                ins, outs, problems = operand_rules(q, None)
+                got = (ins, outs, bool(problems), input_roles(q))
+                assert by_class.setdefault(float_class(v), got) == got, (p, name, v)
+    assert seen == CLASSED_FLOATS
+
+
+def test_fast_path_tables_shared_by_float_class():
+    """Programs differing only in a norm epsilon share tables, but an invalid epsilon is not
+    of the valid one's class: both paths reject it after the valid one was accepted."""
+    assert validate(compact(layered_program(layers=2, width=4, hidden=64, norm_eps=1e-5))).accepted
+    assert validate(compact(layered_program(layers=2, width=4, hidden=64, norm_eps=3e-5))).accepted
+    for bad in (0.0, -1e-5, float("inf"), float("nan")):
+        prog = layered_program(layers=2, width=4, hidden=64, norm_eps=bad)
+        assert fast.verify(compact(prog)) is None and not validate(prog).accepted

@@ -20,7 +20,10 @@ explaining path's.
 
 Nothing about a program is cached between calls: every call reads and checks the whole
 program. The memos map params' field values (read on every call) and weight dtypes and
-groups to their operand rules and rule tables, pure functions of them.
+groups to their operand rules and rule tables, pure functions of them. Their keys hold each
+float that `operand_rules` reads only as present and positive-finite (`form.CLASSED_FLOATS`,
+e.g. a norm epsilon) as that class, so a program that differs from one seen before only in
+such a value reuses its tables.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from amk.schedule.ir import DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator.form import ELEMENTWISE_ROLES, QUANT, operand_rules
+from amk.schedule.validator.form import CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, float_class, operand_rules
 
 AVAILABLE = kn.AVAILABLE
 
@@ -130,7 +133,9 @@ class _Weight(NamedTuple):
     group: Optional[int]
 
 
-_SPECS: dict = {}  # (params field values, weight dtype, group) -> _entry_spec(...): a pure function, memoised
+_SPECS: dict = {}  # entry key (params' rule-relevant field values, weight) -> _entry_spec(...): pure, memoised
+_RULE_KEYS: dict = {}  # params' field values -> _rules_key(...): pure, memoised
+_TABLES: dict = {}  # the entry keys of a program, in order -> _build_entry_tables(...) (pure, memoised; never written)
 _MEMO_MAX = 4096  # entries per memo before it starts over
 
 
@@ -144,34 +149,53 @@ def _memo(cache: dict, key, make):
     return value
 
 
-_TABLES: dict = {}  # the entry keys of a program, in order -> _build_entry_tables(...) (pure, memoised; never written)
-
-
 def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
     """Per entry (distinct params and weight variant), from its first task: the
     `kernels.E_*` columns, each slot's rule id and elementwise flag; and the rule table.
     None if some entry's params are invalid."""
     bufs, params, task_params = cp.buffers, cp.params, cp.task_params
-    entries = []
+    entries, distinct = [], set()
     for t in first.tolist():
         p = params[task_params[t]]
-        w = wbuf[t]
-        weight = None
-        if w >= 0:
-            group = int(bufs[w, kn.C_GROUP])
-            weight = _Weight(int(bufs[w, kn.C_DTYPE]), None if group == -1 else group)
-        entries.append((p, (tuple(p.__dict__.values()), weight)))  # every field, read now: the memo never goes stale
-    key = tuple(k for _, k in entries)
-    if len({k[0] for k in key}) != len(params):
+        values = tuple(p.__dict__.values())  # every field, read now: the memos never go stale
+        distinct.add(values)
+        entries.append((p, (_rules_key(p, values), _weight(bufs, int(wbuf[t])))))
+    if len(distinct) != len(params):
         return None  # equal params listed twice: not the one encoding of this program
-    return _memo(_TABLES, key, lambda: _build_entry_tables(entries))
+    return _memo(_TABLES, tuple(k for _, k in entries), lambda: _build_entry_tables([_spec(p, k) for p, k in entries]))
 
 
-def _build_entry_tables(entries):
+def _spec(p, key: tuple):
+    """The entry's `_entry_spec` (memoised: a program new to `_TABLES` derives only its new entries')."""
+    return _memo(_SPECS, key, lambda: _entry_spec(p, key[1]))
+
+
+def _rules_key(p, values: tuple) -> tuple:
+    """The params' field values, each of `form.CLASSED_FLOATS` as its `form.float_class`:
+    params that differ only in, say, a norm epsilon share their entry and so their tables."""
+    return _memo(_RULE_KEYS, values, lambda: _classed_values(p))
+
+
+def _classed_values(p) -> tuple:
+    fields = dict(p.__dict__)
+    for name in CLASSED_FLOATS & fields.keys():  # (by name: the attributes operand_rules reads)
+        fields[name] = float_class(fields[name])
+    return tuple(fields.values())
+
+
+def _weight(bufs: np.ndarray, w: int) -> Optional[_Weight]:
+    if w < 0:
+        return None
+    group = int(bufs[w, kn.C_GROUP])
+    return _Weight(int(bufs[w, kn.C_DTYPE]), None if group == -1 else group)
+
+
+def _build_entry_tables(specs: list):
+    """The program's tables from its entries' specs (each distinct rule gets one row of the
+    rule table); None if some entry is invalid."""
     entinfo, slot_rule, elementwise = [], [], []
     rule_ids: dict = {}
-    for p, key in entries:
-        spec = _memo(_SPECS, key, lambda: _entry_spec(p, key[1]))
+    for spec in specs:
         if spec is False:
             return None
         row, ins, outs, flags = spec

@@ -179,6 +179,18 @@ def _pos_finite(v) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
 
 
+# params fields that `operand_rules` and `opspec.input_roles` read only as `v is None` and
+# `_pos_finite(v)`: params alike but for these fields' values within one `float_class` get the
+# same rules and problems (fast.py memoises by the class; a new float field left out of this
+# set is simply memoised by its value)
+CLASSED_FLOATS = frozenset({"eps", "norm_eps", "head_norm_eps", "scale"})
+
+
+def float_class(v) -> Optional[bool]:
+    """All that `operand_rules` reads of a CLASSED_FLOATS field: None, or whether it is positive and finite."""
+    return None if v is None else _pos_finite(v)
+
+
 def check_program_header(prog: ir.Program, rep: Report) -> None:
     t = prog.target
     for i, b in enumerate(prog.buffers):
