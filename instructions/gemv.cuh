@@ -168,15 +168,6 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
   else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
-// Quantized rows: the loads of the next half of the slots are issued before the current half
-// is summed, so that the dequantizing arithmetic (3 instructions a weight for int8) overlaps
-// the loads instead of following them (AMK_GEMV_PIPE=1; 0, the default: all loads, then all
-// sums). A row is usually one round of loads (amk_gemv_lanes), so this only splits rounds of
-// rows longer than 32 x U vectors (int8 K = 8192).
-#ifndef AMK_GEMV_PIPE
-#define AMK_GEMV_PIPE 0
-#endif
-
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
 // the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
 // lane group has no row (it still takes part in the shuffles). Several lane groups per warp
@@ -200,64 +191,46 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
   }
   float s1 = 0.0f, s2 = 0.0f;
-  amk_u32x4 raw1[U], raw2[U];
-  unsigned sc1[U] = {}, sc2[U] = {}, z1[U] = {}, z2[U] = {};  // raw bits (zero: unused ones are still captured)
-  const auto load = [&](int u, int v) {  // slot u <- vector v of the row (and its scale / zero)
-    if (v < nvec) {
-      raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
-      if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
-      if constexpr (Q) {
-        const int g = grp(v);
-        sc1[u] = sr1.raw(g);
-        if (PAIR) sc2[u] = sr2.raw(g);
-        if constexpr (Z) {
-          z1[u] = zr1.raw(g);
-          if (PAIR) z2[u] = zr2.raw(g);
+#pragma unroll 1
+  for (int v0 = sub; v0 < nvec; v0 += L * U) {
+    amk_u32x4 raw1[U], raw2[U];
+    unsigned sc1[U], sc2[U], z1[U], z2[U];  // raw bits
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // issue every load before the first use
+      const int v = v0 + u * L;
+      if (v < nvec) {
+        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+        if constexpr (Q) {
+          const int g = grp(v);
+          sc1[u] = sr1.raw(g);
+          if (PAIR) sc2[u] = sr2.raw(g);
+          if constexpr (Z) {
+            z1[u] = zr1.raw(g);
+            if (PAIR) z2[u] = zr2.raw(g);
+          }
         }
       }
     }
-  };
-  const auto add = [&](int u, int v) {  // s += slot u, which holds vector v
-    if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
-      const float* xv = xs + v * F::VEC;
-      const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
-      if constexpr (Q) {
-        const float xsum = Z ? xsums[v] : 0.0f;
-        s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
-        if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
-      } else {
 #pragma unroll
-        for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
-        if (PAIR) {
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * L;
+      if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
+        const float* xv = xs + v * F::VEC;
+        const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
+        if constexpr (Q) {
+          const float xsum = Z ? xsums[v] : 0.0f;
+          s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+        } else {
 #pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
+          if (PAIR) {
+#pragma unroll
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
+          }
         }
       }
-    }
-  };
-  if constexpr (Q && AMK_GEMV_PIPE && U >= 2) {
-    // slots [0, H) and [H, U) in turn: the next half's loads are issued before this half is summed
-    constexpr int H = U / 2;
-#pragma unroll
-    for (int u = 0; u < H; ++u) load(u, sub + u * L);
-#pragma unroll 1
-    for (int v0 = sub; v0 < nvec; v0 += L * U) {
-#pragma unroll
-      for (int u = H; u < U; ++u) load(u, v0 + u * L);
-#pragma unroll
-      for (int u = 0; u < H; ++u) add(u, v0 + u * L);
-#pragma unroll
-      for (int u = 0; u < H; ++u) load(u, v0 + (U + u) * L);
-#pragma unroll
-      for (int u = H; u < U; ++u) add(u, v0 + u * L);
-    }
-  } else {
-#pragma unroll 1
-    for (int v0 = sub; v0 < nvec; v0 += L * U) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) load(u, v0 + u * L);  // issue every load before the first use
-#pragma unroll
-      for (int u = 0; u < U; ++u) add(u, v0 + u * L);
     }
   }
   if (valid) {
