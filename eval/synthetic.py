@@ -16,8 +16,9 @@ from amk.schedule.targets import get_target
 
 def layered_program(layers: int = 2, width: int = 4, hidden: int = 64, vocab: int = 128,
                     queues: int | None = None, target: str = "h100", norm_eps: float = 1e-5) -> ir.Program:
-    """`norm_eps`: the fused norm's epsilon; programs that differ only in it have the same
-    shape and sizes but params the validator has not seen (its memos miss)."""
+    """`norm_eps`: the fused norm's epsilon. Programs that differ only in `vocab` have params
+    the validator has not seen (its memos miss); ones that differ only in `norm_eps` reuse
+    its memos (they key such floats by class)."""
     tgt = get_target(target)
     nq = queues or min(tgt.compute_units, 2 * width)
     bufs: list[ir.Buffer] = []

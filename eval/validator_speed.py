@@ -4,9 +4,11 @@ on, on one core, each given in its compact form (`schedule/compact.py`, what the
 reads) and as a pydantic Program (converted to the compact form inside every call). The
 ~300-task rate is measured twice: one program validated over and over (the validator's memos
 of per-params rule tables warm after the first call, as in a search over one model's
-schedules) and a stream of distinct programs of the same shape, each with a norm epsilon it
-has never seen (its per-program rule table and that params' entry are rebuilt every call; the
-other params' entries are reused). A breakdown row splits one warm compact validation into
+schedules) and a stream of distinct programs of the same shape, each with a vocabulary size
+the validator has never seen (the embedding, LM-head and argmax params are new, so their rule
+entries and the program's rule table are rebuilt every call; the other params' entries are
+reused). (A new norm epsilon would not do: the memos key floats that the rules read only as
+"present and positive" by that class.) A breakdown row splits one warm compact validation into
 the checks, the program digest and the rest. Writes paper_results/validator_speed.json and .md.
 
     python -m amk.eval.validator_speed [--out paper_results] [--repeats 5]
@@ -70,20 +72,19 @@ def measure(repeats: int = 5, extra: dict | None = None) -> dict:
     for name, prog in (("small_program", small_cp), ("small_program_objects", small)):
         rows[name] = rate_row("compact" if prog is small_cp else "Program", "warm (one program, validated again and again)",
                               _timed(lambda: [validate(prog) for _ in range(batch)], repeats))
-    # distinct programs: the same shape, a norm epsilon never seen before in each (a fresh set per repeat)
+    # distinct programs: the same shape, a vocabulary size never seen before in each (a fresh set per repeat)
     fresh = itertools.count(1)
     for name, form in (("small_programs_distinct", "compact"), ("small_programs_distinct_objects", "Program")):
         times = []
         for _ in range(repeats):
-            progs = [layered_program(layers=4, width=36, hidden=36 * 32, norm_eps=1e-5 * (1 + next(fresh) * 1e-6))
-                     for _ in range(batch)]
+            progs = [layered_program(layers=4, width=36, hidden=36 * 32, vocab=128 + next(fresh)) for _ in range(batch)]
             if form == "compact":
                 progs = [compact(p) for p in progs]
             results: list = []
             times += _timed(lambda: results.extend(validate(p) for p in progs), 1)
             if not all(r.accepted for r in results):
                 raise SystemExit("a distinct benchmark program was rejected")
-        rows[name] = rate_row(form, "cold: each program's rule table and its norm GEMV params are new to the validator",
+        rows[name] = rate_row(form, "cold: each program's rule table and its vocabulary-sized params are new to the validator",
                               times)
     rows["small_program_breakdown"] = breakdown(small_cp, repeats)
     cert = validate(big_cp).certificate
