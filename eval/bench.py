@@ -57,6 +57,7 @@ from amk.errors import AmkError
 from amk.eval import roofline
 from amk.eval.baselines import DEFAULT_GPU_BASELINES, FP32_REFERENCE, make_runner, optional_engines
 from amk.eval.provenance import git_commit
+from amk.schedule.modelspec import ModelSpec
 from amk.schedule.rope_rows import in_hf_order, permute_k_history
 from amk.vm.loader import experiment_defines
 
@@ -209,28 +210,44 @@ def load_weights(o: BenchOptions, dtype: Optional[str]):
     return spec, weights, {"shape_only": o.random_init, "weights": src}
 
 
-def baseline_weights(mk, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[dict, str]:
-    """The weights the baselines compute with: the megakernel's own, dequantized where the
-    program quantized them (equal math; the baselines then stream dtype-wide weights)."""
+def quant_label(cfg) -> str:
+    """A row's quantization: the mode, '+head' when the LM head is quantized too (rows are keyed by it)."""
+    return cfg.quant + ("+head" if cfg.quant_lm_head else "")
+
+
+def baseline_weights(mk, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[dict, ModelSpec, str]:
+    """The weights (and the spec) the baselines compute with: the megakernel's own, dequantized
+    where the program quantized them (equal math; the baselines then stream dtype-wide
+    weights). A tied model whose LM head the program quantizes (a separate copy) becomes an
+    untied one for the baselines: the float embedding, the dequantized head."""
     from amk.schedule.ir import DType
     from amk.schedule.quantize import dequantize
+    from amk.schedule.weights import LM_HEAD_Q
 
-    quant = mk.config.quant
+    quant, spec = mk.config.quant, mk.spec
     if quant == "none":
-        return weights, "same tensors as the megakernel"
-    if mk.spec.tie_word_embeddings and mk.config.quant_lm_head:
-        raise BenchError("quant_lm_head on a tied model has no equal-precision baseline (its head is a "
-                         "separate quantized copy); benchmark it without quant_lm_head")
+        return weights, spec, "same tensors as the megakernel"
     by_name, by_id = {b.name: b for b in mk.program.buffers}, {b.id: b for b in mk.program.buffers}
     out = dict(weights)
-    for name in mk.spec.expected_tensor_names():
+
+    def dequantized(name: str):
         b = by_name.get(name)
-        if b is not None and b.dtype in (DType.I8, DType.U4):
-            scale = mk.tensors[by_id[b.scale].name]
-            zero = mk.tensors[by_id[b.zero].name] if b.zero is not None else None
-            deq = dequantize(mk.tensors[name], scale, zero).to(dtype)
+        if b is None or b.dtype not in (DType.I8, DType.U4):
+            return None
+        zero = mk.tensors[by_id[b.zero].name] if b.zero is not None else None
+        return dequantize(mk.tensors[name], mk.tensors[by_id[b.scale].name], zero).to(dtype)
+
+    for name in spec.expected_tensor_names():
+        deq = dequantized(name)
+        if deq is not None:
             out[name] = in_hf_order(mk.program, name, deq).contiguous()  # q/k rows permuted for rope_rows
-    return out, f"dequantized {quant} weights of the megakernel, in {str(dtype).removeprefix('torch.')}"
+    head = dequantized(LM_HEAD_Q) if spec.tie_word_embeddings else None
+    if head is not None:
+        out["lm_head.weight"] = head.contiguous()
+        spec = spec.model_copy(update={"tie_word_embeddings": False,
+                                       "hf_config": {**spec.hf_config, "tie_word_embeddings": False}})
+    return out, spec, (f"dequantized {quant} weights of the megakernel, in {str(dtype).removeprefix('torch.')}"
+                       + (" (its quantized copy of the tied LM head as an untied head)" if head is not None else ""))
 
 
 # ------------------------------------------------------------------------------- the megakernel
@@ -551,13 +568,13 @@ def run_bench(o: BenchOptions, log=print) -> dict:
     mk = amk.compile(o.model, cfg, target, dtype=dtype_name, random_init=True, seed=o.seed,
                      kv_capacity=o.kv_capacity(), loaded=(spec, weights))  # random_init: no tokenizer needed
     stats = program_stats(mk.program)
-    base_w, base_w_note = baseline_weights(mk, weights, tdtype)
+    base_w, base_spec, base_w_note = baseline_weights(mk, weights, tdtype)
 
     runners, baseline_errors = [MegakernelRunner(mk, o.device)], {}
     for kind in o.baselines:
         try:
             log(f"building baseline {kind} ...")
-            runners.append(make_runner(kind, spec, base_w, o.kv_capacity()))
+            runners.append(make_runner(kind, base_spec, base_w, o.kv_capacity()))
         except Exception as exc:  # noqa: BLE001 - one baseline failing must not hide the others
             baseline_errors[kind] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             log(f"error: baseline {kind} could not be built: {baseline_errors[kind]}")
@@ -566,8 +583,8 @@ def run_bench(o: BenchOptions, log=print) -> dict:
     tokens = torch.randint(0, spec.vocab_size, (total,), generator=gen).tolist()
     positions = list(range(o.ctx, o.ctx + total))
     half = dtype_name in HALF
-    ref32 = make_runner(FP32_REFERENCE, spec, base_w, o.kv_capacity()) if half else None
-    fill_kv_prefix(runners + ([ref32] if ref32 else []), spec, o.ctx, tdtype, o.device, o.seed,
+    ref32 = make_runner(FP32_REFERENCE, base_spec, base_w, o.kv_capacity()) if half else None
+    fill_kv_prefix(runners + ([ref32] if ref32 else []), base_spec, o.ctx, tdtype, o.device, o.seed,
                    weights=base_w if o.prefix == "model" else None)
 
     for r in list(runners[1:]):
@@ -625,7 +642,7 @@ def run_bench(o: BenchOptions, log=print) -> dict:
 
     return {
         "model": spec.name, "family": spec.family, "shape_only": info["shape_only"], "weights": info["weights"],
-        "dtype": dtype_name, "ctx": o.ctx, "quant": mk.config.quant, "config": mk.config.model_dump(mode="json"),
+        "dtype": dtype_name, "ctx": o.ctx, "quant": quant_label(mk.config), "config": mk.config.model_dump(mode="json"),
         "gpu": torch.cuda.get_device_name(torch.device(o.device)) if cuda else "cpu (harness test)",
         "target": mk.program.target.name, "device": o.device,
         "bandwidth_gbps": bandwidth, "bandwidth_source": bw_source,

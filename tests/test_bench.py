@@ -261,6 +261,19 @@ def test_run_bench_int8_gates_against_dequantized_weights(tmp_path):
     assert "dequantized" in row["baseline_weights"]
 
 
+def test_run_bench_quantized_tied_head_gates_against_an_untied_baseline(tmp_path):
+    """A tied model whose LM head the program quantizes: the baselines (and the fp32
+    reference) run untied, with the float embedding and the dequantized head copy."""
+    from amk.schedule.config import ScheduleConfig
+
+    cfg = ScheduleConfig(quant="int8", quant_group=64, quant_lm_head=True)
+    opts = _cpu_opts(_config_file(tmp_path, "llama-gqa-tied"), config=cfg, baselines=("eager", "hf_eager"))
+    row = run_bench(opts, log=lambda m: None)
+    assert row["quant"] == "int8+head" and "untied head" in row["baseline_weights"]
+    assert row["correctness"]["passed"]
+    assert row["correctness"]["checks"]["megakernel"]["max_rel_err"] < 1e-5
+
+
 def test_run_bench_refuses_when_the_gate_fails(tmp_path, monkeypatch):
     from amk.eval import bench
 
