@@ -16,15 +16,15 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
   return r;
 }
 
-// Why a lane reads x in its own order: the GEMV lanes of a row take consecutive weight vectors,
-// so their fp32 slices of x sit 4 x (elements per vector) bytes apart in shared memory, and
-// the same 16-byte read of every lane (its vector's c-th chunk of 4 floats) falls into the
-// same 4 of the 32 banks: 2-way conflicts for bf16, 4-way for int8, 8-way for int4, which
-// cap the quantized rows below the HBM rate. Each lane visits its vector's C chunks rotated
-// by s, so the 8 lanes of a quarter warp read 8 different bank groups (int4: 4, rotated by
-// whole words of two chunks; finer rotations cost ptxas registers it does not have); the
-// weight words are rotated to match (AmkXRot::words), so chunk c of the rotated words pairs
-// with x chunk (c + s) mod C.
+// Why a lane reads x in its own order: the GEMV lanes of a row take consecutive weight
+// vectors, so their fp32 slices of x sit 4 x (elements per vector) bytes apart in shared
+// memory, and the same 16-byte read of every lane (its vector's c-th chunk of 4 floats) falls
+// into the same 4 of the 32 banks: 2-way conflicts for bf16, 4-way for int8, 8-way for int4
+// (which capped the int4 rows: eval/PERF_NOTES.md item 33). Each lane visits its vector's C
+// chunks rotated by s, so the 8 lanes of a quarter warp read 8 different bank groups (int4:
+// 4, rotated by whole words of two chunks; finer rotations cost ptxas registers it does not
+// have); the weight words are rotated to match (AmkXRot::words), so chunk c of the rotated
+// words pairs with x chunk (c + s) mod C.
 #ifndef AMK_GEMV_XROT
 #define AMK_GEMV_XROT 1
 #endif

@@ -641,7 +641,6 @@ def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, oper
     return race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos)
 
 
-
 @jit
 def narrow_arrays(arrays):
     """The bytes the program digest hashes for `arrays` (2-D int64, C order): per array its
