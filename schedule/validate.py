@@ -132,7 +132,7 @@ def program_hash(program) -> str:
     h.update(pydantic_core.to_json(cp.params))
     for names in (cp.buffer_names, cp.counter_names, cp.names):
         h.update("\x00".join(names).encode() + b"\x01")
-    h.update(kernels.narrow_arrays(tuple(a.reshape(len(a), -1) for a in cp.arrays())))
+    h.update(kernels.narrow_arrays(tuple(a if a.ndim == 2 else a.reshape(-1, 1) for a in cp.arrays())))  # (as 2-D)
     return h.hexdigest()
 
 

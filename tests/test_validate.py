@@ -91,6 +91,23 @@ def test_kv_program_accepted():
     assert validate(_kv_program()).accepted
 
 
+def test_program_without_waits_accepted():
+    """One task, nothing to wait for: the empty columns (waits) still hash (certificate)."""
+    from amk.schedule.targets import get_target
+
+    bufs = [ir.Buffer(id=0, name="token", kind=K.IO_INPUT, dtype=D.I32, shape=[1]),
+            ir.Buffer(id=1, name="embed", kind=K.WEIGHT, dtype=D.F32, shape=[16, 8]),
+            ir.Buffer(id=2, name="out", kind=K.IO_OUTPUT, dtype=D.F32, shape=[8])]
+    task = ir.Task(id=0, name="e", params=ir.EmbedParams(vocab=16, hidden=8),
+                   inputs=[ir.Operand(buf=0, off=0, len=1), ir.Operand(buf=1, off=0, len=8, count=16, stride=8)],
+                   outputs=[ir.Operand(buf=2, off=0, len=8)], waits=[], out_counter=0)
+    prog = ir.Program(name="no-waits", target=get_target("h100"), threads_per_block=128, blocks_per_cu=1, kv_capacity=8,
+                      buffers=bufs, counters=[ir.Counter(id=0, name="c")], tasks=[task], queues=[[0]])
+    res = validate(prog)
+    assert res.accepted, res.violations
+    assert res.certificate.program_hash == V.program_hash(compact(prog))
+
+
 # ----------------------------------------------------------------------------- one per check
 def _mut_ids(d):
     d["tasks"][3]["id"] = 99
