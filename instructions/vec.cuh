@@ -50,18 +50,13 @@ struct AmkXRot {
   }
 };
 
-// The float with the bits of E (its top byte; the others zero) and byte k of w
-// as its byte P (0: the mantissa's lowest, 2: the highest whole byte): one PRMT.
-#ifndef AMK_Q_PRMT
-#define AMK_Q_PRMT 1
-#endif
+// The float with the bits of E (its top byte; the others zero) and byte k of w as its byte P
+// (0: the mantissa's lowest, 2: the highest whole byte): one byte permute (a PRMT on CUDA),
+// where shift, mask and or took three instructions (eval/PERF_NOTES.md item 35).
 template <unsigned E, int P>
 AMK_DEVICE float amk_biased_byte(unsigned w, int k) {
-  if (AMK_Q_PRMT) {
-    constexpr unsigned keep = P == 0 ? 0x7440u : 0x7044u;  // result bytes 1..3 from E (selector 4..7)
-    return __uint_as_float(amk_byte_perm(w, E, keep | ((unsigned)k << (4 * P))));
-  }
-  return __uint_as_float(E | (((w >> (8 * k)) & 0xffu) << (8 * P)));
+  constexpr unsigned keep = P == 0 ? 0x7440u : 0x7044u;  // result bytes other than P: zero, zero, E's top
+  return __uint_as_float(amk_byte_perm(w, E, keep | ((unsigned)k << (4 * P))));
 }
 
 // Element j of a 16-byte vector of format DT, as fp32 (VEC elements of BITS bits each).

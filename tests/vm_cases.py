@@ -79,6 +79,8 @@ GEMV_CASES = {
     # rows long enough for 8-16 lanes a row: every rotation of a lane's x chunks (vec.cuh AmkXRot)
     "i8_long_k": GemvCase(rows=16, k=2048, quant="i8", group=128, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "u4_long_k": GemvCase(rows=16, k=2048, quant="u4", group=64),
+    # a row longer than one round of a lane group's loads (32 lanes x 8 vectors: 512 int8 > 256)
+    "i8_two_rounds": GemvCase(rows=8, k=8192, quant="i8", group=128),
 }
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 ATTN_SPLITS = [(1, 1), (3, 2), (5, 1)]

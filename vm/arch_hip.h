@@ -73,8 +73,8 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3): one PRMT, which builds
-// a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
+// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3), as CUDA's __byte_perm
+// (v_perm_b32): builds a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
 AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
 
 // ---------------------------------------------------------------- conversions
