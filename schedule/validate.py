@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import struct
+from itertools import chain
 from typing import Any, Optional
 
 import pydantic_core
 from pydantic import ValidationError
 
 from amk.schedule import ir
-from amk.schedule.compact import CompactProgram, compact, expand
+from amk.schedule.compact import COLUMN_NAMES, CompactProgram, compact, expand
 from amk.schedule.validator import fast, kernels
 from amk.schedule.validator.form import check_buffers, check_program_header, check_tasks
 from amk.schedule.validator.order import Order
@@ -120,20 +122,38 @@ def _run_checks(prog: ir.Program, rep: Report) -> int:
 
 def program_hash(program) -> str:
     """SHA-256 of the whole program (a Program or its CompactProgram; both hash alike): its
-    other fields and the distinct params as JSON, the buffer, counter and task names, then
-    every integer column of the compact form, each narrowed losslessly to the fewest bytes
-    per value that hold it (`kernels.narrow_arrays`: SHA-256 costs by the byte). Same
-    program, same hash (and cheap: no per-task JSON)."""
+    other fields and its distinct params as one JSON document, its names (`_names`), then
+    every integer column of the compact form, each column narrowed losslessly to the fewest
+    bytes per value that hold it (`kernels.narrow_arrays`: SHA-256 costs by the byte). Each
+    part delimits itself, so no two programs' parts run together alike. Same program, same
+    hash (and cheap: no per-task JSON)."""
     cp = program if isinstance(program, CompactProgram) else compact(program)
     if cp is None:
         raise ValueError("a program whose task ids are not 0..n-1 has no hash")
-    h = hashlib.sha256()
-    h.update(pydantic_core.to_json(cp.header))
-    h.update(pydantic_core.to_json(cp.params))
-    for names in (cp.buffer_names, cp.counter_names, cp.names):
-        h.update("\x00".join(names).encode() + b"\x01")
-    h.update(kernels.narrow_arrays(tuple(a if a.ndim == 2 else a.reshape(-1, 1) for a in cp.arrays())))  # (as 2-D)
+    h = hashlib.sha256(pydantic_core.to_json((cp.header, cp.params), inf_nan_mode="constants"))
+    h.update(_names(cp))
+    f = cp.__dict__
+    h.update(_narrow(tuple(f[name] for name in _MATRICES), tuple(f[name] for name in _VECTORS)))
     return h.hexdigest()
+
+
+_narrow = kernels.narrow_arrays if kernels.AVAILABLE else kernels.narrow_arrays_numpy
+_MATRICES = ("buffers", "operands", "waits")  # the 2-D integer columns, then the 1-D ones (COLUMN_NAMES, in order)
+_VECTORS = tuple(name for name in COLUMN_NAMES if name not in _MATRICES)
+
+
+def _names(cp: CompactProgram) -> bytes:
+    """The buffer, counter and task names, unambiguously: how many of each and the encoding's
+    length, then all of them joined by NUL (a plain join: JSON escaping costs three times as
+    much); where some name holds a NUL, their JSON instead, tagged apart."""
+    lists = (cp.buffer_names, cp.counter_names, cp.names)
+    counts = tuple(map(len, lists))
+    text = "\x00".join(chain.from_iterable(lists))
+    if text.count("\x00") == max(sum(counts) - 1, 0):
+        tag, data = b"N", text.encode()
+    else:
+        tag, data = b"J", pydantic_core.to_json(lists)
+    return tag + struct.pack("<4q", *counts, len(data)) + data
 
 
 def _rejected(rep: Report) -> ir.ValidationResult:

@@ -90,22 +90,58 @@ def test_hash_sees_every_column(programs):
         assert V.program_hash(renamed) != h, name
 
 
+def _decode_narrowed(e: bytes) -> list:
+    """The arrays that `kernels.narrow_arrays` bytes encode (each column at its own width)."""
+    arrays, at = [], 0
+    while at < len(e):
+        rows, cols = np.frombuffer(e[at:at + 16], dtype="<i8").tolist()
+        at += 16
+        columns = []
+        for _ in range(cols):
+            w = e[at]
+            assert w in (1, 2, 4, 8)
+            columns.append(np.frombuffer(e[at + 1:at + 1 + w * rows], dtype=f"<i{w}").astype(np.int64))
+            at += 1 + w * rows
+        arrays.append(np.stack(columns, axis=1) if cols else np.zeros((rows, 0), np.int64))
+    return arrays
+
+
 def test_hash_narrowing_is_exact():
     """The digest narrows each column to the fewest bytes that hold it: values on either side
     of every width's edge, and the same values in another shape, encode differently; the
-    compiled and the plain-Python encodings agree."""
+    encoding decodes to the arrays; the compiled, plain-Python and numpy encodings agree."""
     from amk.schedule.validator import kernels
     edges = [v for w in (8, 16, 32) for v in (2 ** (w - 1) - 1, 2 ** (w - 1), -(2 ** (w - 1)), -(2 ** (w - 1)) - 1)]
     cases = [np.array([[v]], np.int64) for v in edges + [0, -1, 2 ** 63 - 1, -(2 ** 63)]]
     cases += [np.array([[1, 2]], np.int64), np.array([[1], [2]], np.int64), np.zeros((0, 2), np.int64)]
-    encoded = [bytes(kernels.narrow_arrays((a,))) for a in cases]
+    cases += [np.array([[1, 300], [2, -70000]], np.int64), np.array([[300, 1], [-70000, 2]], np.int64)]
+    vector = np.array([5, -300], np.int64)  # (taken as one column, after the matrices)
+
+    def encode(fn, a):
+        return bytes(fn((a,), (vector,)))
+
+    encoded = [encode(kernels.narrow_arrays, a) for a in cases]
     assert len(set(encoded)) == len(cases)
     for a, e in zip(cases, encoded):
-        assert bytes(getattr(kernels.narrow_arrays, "py_func", kernels.narrow_arrays)((a,))) == e
-        flat = a.reshape(-1)
-        if flat.size:  # the values come back at the width the encoding names
-            w = e[16]
-            assert np.frombuffer(e[17:], dtype=f"<i{w}").tolist() == flat.tolist()
+        assert encode(getattr(kernels.narrow_arrays, "py_func", kernels.narrow_arrays), a) == e
+        assert encode(kernels.narrow_arrays_numpy, a) == e
+        assert [x.tolist() for x in _decode_narrowed(e)] == [a.tolist(), vector.reshape(-1, 1).tolist()]
+    assert e[16] == 4 and e[16 + 1 + 2 * 4] == 1  # (the last case: a column of 4-byte values, then one of 1-byte)
+    rng = np.random.default_rng(0)
+    arrays = tuple(rng.integers(-(1 << (8 * w - 2)), 1 << (8 * w - 2), size=(n, c)).astype(np.int64)
+                   for w, n, c in ((1, 5, 3), (2, 0, 4), (4, 9, 1), (8, 3, 6)))
+    vectors = (np.arange(-3, 900, dtype=np.int64), np.zeros(0, np.int64))
+    e = bytes(kernels.narrow_arrays(arrays, vectors))
+    assert bytes(kernels.narrow_arrays_numpy(arrays, vectors)) == e
+    assert [x.tolist() for x in _decode_narrowed(e)] == [a.tolist() for a in arrays] + [v.reshape(-1, 1).tolist() for v in vectors]
+
+
+def test_hash_without_numba_is_the_same(programs, monkeypatch):
+    """Without numba the digest narrows with numpy: the same hash."""
+    from amk.schedule.validator import kernels
+    h = V.program_hash(programs[0])
+    monkeypatch.setattr(V, "_narrow", kernels.narrow_arrays_numpy)
+    assert V.program_hash(programs[0]) == h
 
 
 def _rejected_without_crash(cp: CompactProgram) -> None:

@@ -4,6 +4,7 @@ under that check's name; never raises."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -468,6 +469,35 @@ def test_fast_path_reads_the_program_on_every_call():
     prog.tasks[5].waits = []
     res = validate(prog)
     assert not res.accepted and "read-after-write" in {v.check for v in res.violations}
+
+
+def test_fast_path_rereads_params_changed_in_place():
+    """The entry-table memos are keyed by the params' field values, read on every call: params
+    changed in place after an accepted validation are judged anew (the memoised table of the
+    old values is not reused), and the shared tables cannot be written."""
+    prog = layered_program(layers=2, width=4, hidden=64)
+    cp = compact(prog)
+    assert fast.verify(cp) is not None and validate(prog).accepted
+    entry = next(t for t in prog.tasks if t.params.op == ir.Op.EMBED)
+    entry.params.vocab += 1  # the table operand's count no longer matches
+    assert fast.verify(compact(prog)) is None
+    res = validate(prog)
+    assert not res.accepted and "params" in {v.check for v in res.violations}
+    entry.params.vocab -= 1
+    assert validate(prog).accepted
+    tables = [v for v in fast._TABLES.values() if v is not None]
+    assert tables and not any(t.flags.writeable for t in tables)
+
+
+def test_program_hash_names_are_delimited():
+    """The digest's names are JSON: names that would run together alike (a NUL inside one)
+    hash apart."""
+    cp = compact(layered_program(layers=1, width=2, hidden=64))
+    names = list(cp.names)
+    a = dataclasses.replace(cp, names=[names[0] + "\x00" + names[1]] + [""] + names[2:])
+    b = dataclasses.replace(cp, names=[names[0]] + [names[1] + "\x00"] + names[2:])
+    c = dataclasses.replace(cp, names=[names[0], "\x00" + names[1]] + names[2:])
+    assert len({V.program_hash(x) for x in (cp, a, b, c)}) == 4
 
 
 def test_classed_floats_are_read_only_by_their_class():

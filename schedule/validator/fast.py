@@ -19,16 +19,18 @@ the same for every linear extension of happens-before, so the certificate equals
 explaining path's.
 
 Nothing about a program is cached between calls: every call reads and checks the whole
-program. The memos map params' field values (read on every call) and weight dtypes and
-groups to their operand rules and rule tables, pure functions of them. Their keys hold each
-float that `operand_rules` reads only as present and positive-finite (`form.CLASSED_FLOATS`,
-e.g. a norm epsilon) as that class, so a program that differs from one seen before only in
-such a value reuses its tables.
+program. The memos map params' field values (read on every call) and a weight dtype and
+group to that entry's row of the entry table (its operand rules), a pure function of them;
+a program's table is its entries' rows stacked, so a program with one new params derives
+only that row. A second memo keys each float that `operand_rules` reads only as present and
+positive-finite (`form.CLASSED_FLOATS`, e.g. a norm epsilon) as that class, so params that
+differ from ones seen before only in such a value reuse their row.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -39,7 +41,7 @@ from amk.schedule.ir import DType as D, Op
 from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator.form import CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, float_class, operand_rules
+from amk.schedule.validator.form import CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, Rule, float_class, operand_rules
 
 AVAILABLE = kn.AVAILABLE
 
@@ -52,7 +54,6 @@ COVERED = frozenset({
 })
 
 _HEADER_KEYS = frozenset(HEADER_FIELDS)
-_SLOTS = ir.MAX_INPUTS + ir.MAX_OUTPUTS  # operand slot s of a task: inputs 0.., outputs MAX_INPUTS..
 _QUANT_SLOTS = ((kn.E_SLOT_W, "w"), (kn.E_SLOT_W2, "w2"), (kn.E_SLOT_W_SCALE, "w_scale"), (kn.E_SLOT_W_ZERO, "w_zero"),
                 (kn.E_SLOT_W2_SCALE, "w2_scale"), (kn.E_SLOT_W2_ZERO, "w2_zero"))
 assert [c for c, _ in _QUANT_SLOTS] == list(range(kn.E_SLOT_W, kn.ENTRY_COLUMNS))  # entry rows list them in this order
@@ -76,16 +77,15 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     gemv_params = np.array([p.op == Op.GEMV for p in cp.params], dtype=np.bool_)
     code, op_start, w_start, entry, first, wbuf = kn.task_entries(
         cp.n_in, cp.n_out, cp.n_wait, cp.out_counter, cp.operands, cp.waits, cp.task_params, len(cp.params),
-        gemv_params, buf_variant, n_variants, nc, ir.MAX_INPUTS, ir.MAX_OUTPUTS, ir.MAX_WAITS)
+        gemv_params, buf_variant, n_variants, nc, ir.MAX_INPUTS, ir.MAX_OUTPUTS, ir.MAX_WAITS, cp.buffers)
     if code < 0:
         return code
-    tables = _entry_tables(cp, first, wbuf)
-    if tables is None:
+    entinfo = _entry_tables(cp, first)
+    if entinfo is None:
         return None  # params its op cannot interpret, or params problems
-    entinfo, slot_rule, elementwise, rules = tables
     return kn.check_program(op_start, cp.n_in, cp.n_out, w_start, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
-                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, slot_rule, elementwise, rules, cp.counter_scope,
-                            max(int(cp.target.xcds), 1), ir.MAX_INPUTS)
+                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, cp.counter_scope, max(int(cp.target.xcds), 1),
+                            ir.MAX_INPUTS)
 
 
 def _header_ok(cp: CompactProgram) -> bool:
@@ -133,9 +133,9 @@ class _Weight(NamedTuple):
     group: Optional[int]
 
 
-_SPECS: dict = {}  # entry key (params' rule-relevant field values, weight) -> _entry_spec(...): pure, memoised
-_RULE_KEYS: dict = {}  # params' field values -> _rules_key(...): pure, memoised
-_TABLES: dict = {}  # the entry keys of a program, in order -> _build_entry_tables(...) (pure, memoised; never written)
+_ROWS: dict = {}  # (params' field values, weight dtype, group) -> the entry's table row, or False: pure, memoised
+_CLASSED_ROWS: dict = {}  # the same, keyed by the values with each CLASSED_FLOATS field as its class
+_TABLES: dict = {}  # a program's entry rows, in order -> its entry table (read-only: shared)
 _MEMO_MAX = 4096  # entries per memo before it starts over
 
 
@@ -149,89 +149,74 @@ def _memo(cache: dict, key, make):
     return value
 
 
-def _entry_tables(cp: CompactProgram, first: np.ndarray, wbuf: np.ndarray):
-    """Per entry (distinct params and weight variant), from its first task: the
-    `kernels.E_*` columns, each slot's rule id and elementwise flag; and the rule table.
-    None if some entry's params are invalid."""
-    bufs, params, task_params = cp.buffers, cp.params, cp.task_params
-    entries, distinct = [], set()
-    for t in first.tolist():
+def _entry_tables(cp: CompactProgram, first: np.ndarray) -> Optional[np.ndarray]:
+    """The entry table (`kernels.ENTRY_WIDTH` columns) of the entries `first` lists (each
+    one's first task, weight dtype and group): per entry its `kernels.E_*` values,
+    elementwise flags and slot rules. None if some entry's params are invalid."""
+    params, task_params = cp.params, cp.task_params
+    rows, distinct = [], set()
+    for t, dtype, group in first.tolist():
         p = params[task_params[t]]
         values = tuple(p.__dict__.values())  # every field, read now: the memos never go stale
         distinct.add(values)
-        entries.append((p, (_rules_key(p, values), _weight(bufs, int(wbuf[t])))))
+        row = _ROWS.get((values, dtype, group))
+        if row is None:
+            row = _memo(_ROWS, (values, dtype, group), lambda: _classed_row(p, dtype, group))
+        if row is False:
+            return None
+        rows.append(row)
     if len(distinct) != len(params):
         return None  # equal params listed twice: not the one encoding of this program
-    return _memo(_TABLES, tuple(k for _, k in entries), lambda: _build_entry_tables([_spec(p, k) for p, k in entries]))
+    rows = tuple(rows)  # (bytes: hashed once each, so a warm lookup costs little)
+    return _memo(_TABLES, rows, lambda: np.frombuffer(b"".join(rows), np.int64).reshape(len(rows), kn.ENTRY_WIDTH))
 
 
-def _spec(p, key: tuple):
-    """The entry's `_entry_spec` (memoised: a program new to `_TABLES` derives only its new entries')."""
-    return _memo(_SPECS, key, lambda: _entry_spec(p, key[1]))
-
-
-def _rules_key(p, values: tuple) -> tuple:
-    """The params' field values, each of `form.CLASSED_FLOATS` as its `form.float_class`:
-    params that differ only in, say, a norm epsilon share their entry and so their tables."""
-    return _memo(_RULE_KEYS, values, lambda: _classed_values(p))
-
-
-def _classed_values(p) -> tuple:
+def _classed_row(p, dtype: int, group: int):
+    """`_entry_row` of `p` and its weight (dtype -1: none), shared by params that differ only
+    in CLASSED_FLOATS values of one class (`form.float_class`): say, a norm epsilon."""
     fields = dict(p.__dict__)
     for name in CLASSED_FLOATS & fields.keys():  # (by name: the attributes operand_rules reads)
         fields[name] = float_class(fields[name])
-    return tuple(fields.values())
+    weight = None if dtype == -1 else _Weight(dtype, None if group == -1 else group)
+    return _memo(_CLASSED_ROWS, (tuple(fields.values()), dtype, group), lambda: _entry_row(p, weight))
 
 
-def _weight(bufs: np.ndarray, w: int) -> Optional[_Weight]:
-    if w < 0:
-        return None
-    group = int(bufs[w, kn.C_GROUP])
-    return _Weight(int(bufs[w, kn.C_DTYPE]), None if group == -1 else group)
-
-
-def _build_entry_tables(specs: list):
-    """The program's tables from its entries' specs (each distinct rule gets one row of the
-    rule table); None if some entry is invalid."""
-    entinfo, slot_rule, elementwise = [], [], []
-    rule_ids: dict = {}
-    for spec in specs:
-        if spec is False:
-            return None
-        row, ins, outs, flags = spec
-        entinfo.append(row)
-        ids = [rule_ids.setdefault(r, len(rule_ids)) for r in ins]
-        ids += [0] * (ir.MAX_INPUTS - len(ids))
-        ids += [rule_ids.setdefault(r, len(rule_ids)) for r in outs]
-        slot_rule.append(ids + [0] * (_SLOTS - len(ids)))
-        elementwise.append(flags)
-    return (np.array(entinfo, dtype=np.int64), np.array(slot_rule, dtype=np.int64), np.array(elementwise, dtype=np.bool_),
-            np.array(list(rule_ids), dtype=np.int64).reshape(-1, 7))
-
-
-def _rule_row(r) -> tuple:
-    """A rule as its row of the compiled checks' rule table: kind mask, dtype mask, kv mode,
-    then length, count, stride, off (-1: not constrained)."""
-    return (_mask(r.kinds), _mask(r.dtypes), int(r.kv)) + tuple(-1 if v is None else v for v in (r.length, r.count, r.stride, r.off))
-
-
-def _entry_spec(p, weight: Optional[_Weight]):
-    """(entry row, input rule rows, output rule rows, elementwise flag per slot) of tasks with
-    params `p` and this weight, from `form.operand_rules`; False if the params are invalid."""
+def _entry_row(p, weight: Optional[_Weight]):
+    """The entry table row of tasks with params `p` and this weight, from
+    `form.operand_rules`, as ENTRY_WIDTH int64 values packed in bytes (immutable: shared by
+    every program with these params): the `kernels.E_*` values, an elementwise flag per slot,
+    each slot's rule (`kernels.R_*`: kind mask, dtype mask, kv mode, then length, count,
+    stride, off, -1 where not constrained; unused slots 0: arity is checked before any rule
+    is read). False if the params are invalid."""
     try:
         roles_in = input_roles(p, weight.dtype if weight is not None else D.F32)
         ins, outs, problems = operand_rules(p, weight)
+        if problems or len(ins) != len(roles_in) or len(ins) > ir.MAX_INPUTS or len(outs) > ir.MAX_OUTPUTS:
+            return False
+        op, fields = p.op, p.__dict__  # (getattr with a default is slow on a pydantic model)
+        quant = op == Op.GEMV and weight is not None and weight.dtype in QUANT
+        if quant:
+            row = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), p.k, p.k_lo, 1]
+            row += [roles_in.index(r) if r in roles_in else -1 for _, r in _QUANT_SLOTS]
+        else:
+            row = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), -1, -1, 0, *_NO_QUANT_SLOTS]
+        row += [r in ELEMENTWISE_ROLES for r in roles_in]
+        row += _NO_FLAGS[len(roles_in):]
+        for rules, slots in ((ins, ir.MAX_INPUTS), (outs, ir.MAX_OUTPUTS)):
+            for kinds, dtypes, length, count, stride, off, kv in rules:  # (by position: the order is asserted below)
+                row += (_mask(kinds), _mask(dtypes), kv, -1 if length is None else length, -1 if count is None else count,
+                        -1 if stride is None else stride, -1 if off is None else off)
+            row += _UNUSED[:kn.RULE_COLUMNS * (slots - len(rules))]
+        return _ROW.pack(*row)  # (raises on a value that is no integer or overflows int64)
     except Exception:
         return False
-    if problems or len(ins) != len(roles_in):
-        return False
-    op, fields = p.op, p.__dict__  # (getattr with a default is slow on a pydantic model)
-    quant = op == Op.GEMV and weight is not None and weight.dtype in QUANT
-    row = ([len(ins), len(outs), int(op), fields.get("hidden", -1), fields.get("col", -1),
-            p.k if quant else -1, p.k_lo if quant else -1, int(quant)]
-           + [roles_in.index(r) if quant and r in roles_in else -1 for _, r in _QUANT_SLOTS])
-    flags = [r in ELEMENTWISE_ROLES for r in roles_in] + [False] * (_SLOTS - len(roles_in))
-    return row, tuple(map(_rule_row, ins)), tuple(map(_rule_row, outs)), flags
+
+
+assert Rule._fields == ("kinds", "dtypes", "length", "count", "stride", "off", "kv")
+_ROW = struct.Struct(f"={kn.ENTRY_WIDTH}q")
+_NO_FLAGS = [False] * kn.SLOTS
+_NO_QUANT_SLOTS = [-1] * len(_QUANT_SLOTS)
+_UNUSED = [0] * (kn.RULE_COLUMNS * kn.SLOTS)  # the columns of unused slots' rules
 
 
 @functools.lru_cache(maxsize=256)

@@ -40,12 +40,21 @@ REJECT_TILE, REJECT_COMPLETE, REJECT_CYCLE, REJECT_RACE, REJECT_STALE, REJECT_BU
 # columns of the per-buffer table the checks read (`buffer_table`)
 B_KIND, B_DTYPE, B_EXTENT, B_GROUP, B_SCALE, B_ZERO, B_MUTABLE, B_OUTPUT, B_BASE = range(9)
 BUFINFO_COLUMNS = 9
-# columns of the per-entry table (an entry: distinct params and weight dtype/group)
+# columns of the per-entry table (an entry: distinct params and weight dtype/group), one row
+# per entry: the E_* values, then an elementwise flag per operand slot (E_FLAGS + slot),
+# then the rule of each slot, RULE_COLUMNS apiece (E_RULES + RULE_COLUMNS * slot + R_*).
+# Slot s of a task: inputs 0.., outputs MAX_INPUTS.. (a row is built once per distinct
+# params and memoised, so a program's table is its entries' rows stacked: no per-program work)
 (E_WANT_IN, E_WANT_OUT, E_OP, E_HIDDEN, E_COL, E_K, E_K_LO, E_QUANT,
  E_SLOT_W, E_SLOT_W2, E_SLOT_W_SCALE, E_SLOT_W_ZERO, E_SLOT_W2_SCALE, E_SLOT_W2_ZERO) = range(14)
 ENTRY_COLUMNS = 14
-# columns of the rule table
+SLOTS = ir.MAX_INPUTS + ir.MAX_OUTPUTS
+# columns of a rule
 R_KINDS, R_DTYPES, R_KV, R_LEN, R_COUNT, R_STRIDE, R_OFF = range(7)
+RULE_COLUMNS = 7
+E_FLAGS = ENTRY_COLUMNS
+E_RULES = E_FLAGS + SLOTS
+ENTRY_WIDTH = E_RULES + RULE_COLUMNS * SLOTS
 OP_EMBED, OP_RMSNORM = int(ir.Op.EMBED), int(ir.Op.RMSNORM)  # the ops with cross-operand rules
 # columns of CompactProgram.buffers
 C_KIND, C_DTYPE, C_RANK, C_D0, C_D1 = 0, 1, 2, 3, 4
@@ -139,18 +148,19 @@ def _quant_buffer_ok(buffers, b, nb):
 
 @jit
 def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params, n_params, gemv_params, buf_variant,
-                 n_variants, nc, max_in, max_out, max_waits):
+                 n_variants, nc, max_in, max_out, max_waits, buffers):
     """Caps and references, params used in order of first use; then each task's entry (its
     params and, for a GEMV, its weight buffer's dtype and group). Returns (code, where each
-    task's operands start, where its waits start [nt + 1], entry per task, first task of each
-    entry, weight buffer per task)."""
+    task's operands start, where its waits start [nt + 1], entry per task, per entry its
+    first task and its weight's dtype and group [ne, 3] (-1, -1: no weight), weight buffer
+    per task)."""
     nt = n_in.shape[0]
     nb = buf_variant.shape[0]
     op_start = np.empty(nt, np.int64)
     w_start = np.zeros(nt + 1, np.int64)
     entry = np.full(nt, -1, np.int64)
     wbuf = np.full(nt, -1, np.int64)
-    first = np.empty(nt, np.int64)
+    first = np.full((nt, 3), -1, np.int64)
     ne = 0
     at = 0
     for t in range(nt):
@@ -190,7 +200,9 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
         key = p * (n_variants + 1) + v
         if slot_of[key] < 0:
             slot_of[key] = ne
-            first[ne] = t
+            first[ne, 0] = t
+            if wbuf[t] >= 0:
+                first[ne, 1], first[ne, 2] = buffers[wbuf[t], C_DTYPE], buffers[wbuf[t], C_GROUP]
             ne += 1
         entry[t] = slot_of[key]
     if n_used != n_params:
@@ -199,13 +211,14 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
 
 
 @inline
-def _operand_ok(operands, i, rules, r, bufinfo):
-    """Operand i against rule r: kind, dtype, KV mode, shape, bounds. (Bitwise `|` rather
-    than `or`: one branch instead of a dozen, ~2x faster on the common all-pass path.)"""
+def _operand_ok(operands, i, ent, e, r, bufinfo):
+    """Operand i against the rule at column r of entry e: kind, dtype, KV mode, shape,
+    bounds. (Bitwise `|` rather than `or`: one branch instead of a dozen, ~2x faster on the
+    common all-pass path.)"""
     buf, off, ln, count, stride, kv = operands[i, 0], operands[i, 1], operands[i, 2], operands[i, 3], operands[i, 4], operands[i, 5]
     kind, dtype, ext = bufinfo[buf, B_KIND], bufinfo[buf, B_DTYPE], bufinfo[buf, B_EXTENT]
-    r_len, r_count, r_stride, r_off = rules[r, R_LEN], rules[r, R_COUNT], rules[r, R_STRIDE], rules[r, R_OFF]
-    bad = (((rules[r, R_KINDS] >> kind) & 1) == 0) | (((rules[r, R_DTYPES] >> dtype) & 1) == 0) | (kv != rules[r, R_KV])
+    r_len, r_count, r_stride, r_off = ent[e, r + R_LEN], ent[e, r + R_COUNT], ent[e, r + R_STRIDE], ent[e, r + R_OFF]
+    bad = (((ent[e, r + R_KINDS] >> kind) & 1) == 0) | (((ent[e, r + R_DTYPES] >> dtype) & 1) == 0) | (kv != ent[e, r + R_KV])
     bad |= (off < 0) | (ln < 1) | (count < 1) | (stride < 0) | (off > ext) | (ln > ext - off)
     bad |= ((r_len >= 0) & (r_len != ln)) | ((r_count >= 0) & (r_count != count)) | ((r_off >= 0) & (r_off != off))
     repeated = count != 1
@@ -217,18 +230,21 @@ def _operand_ok(operands, i, rules, r, bufinfo):
 
 
 @jit
-def check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in):
+def check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, max_in):
     """Arity, every operand against its role's rule (kind, dtype, KV mode, shape, bounds),
-    the cross-operand rules (EMBED, RMSNORM, quantized companions) and self-aliasing."""
+    the cross-operand rules (EMBED, RMSNORM, quantized companions) and self-aliasing.
+    `entinfo`: the entry table (ENTRY_WIDTH columns)."""
     nt = n_in.shape[0]
+    if entinfo.shape[1] != ENTRY_WIDTH:
+        return REJECT_ARITY
     for t in range(nt):
         e = entry[t]
         if n_in[t] != entinfo[e, E_WANT_IN] or n_out[t] != entinfo[e, E_WANT_OUT]:
             return REJECT_ARITY
         s0 = op_start[t]
-        for j in range(n_in[t] + n_out[t]):
+        for j in range(n_in[t] + n_out[t]):  # (arity is capped: every slot is < SLOTS)
             slot = j if j < n_in[t] else max_in + j - n_in[t]
-            if not _operand_ok(operands, s0 + j, rules, slot_rule[e, slot], bufinfo):
+            if not _operand_ok(operands, s0 + j, entinfo, e, E_RULES + RULE_COLUMNS * slot, bufinfo):
                 return REJECT_OPERAND
     # from here on every operand is in bounds, so region ends fit in int64
     for t in range(nt):
@@ -245,7 +261,7 @@ def check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, 
                 return REJECT_CONSISTENCY
         if entinfo[e, E_QUANT] and not _quant_ok(s0, entinfo, e, wbuf[t], operands, bufinfo):
             return REJECT_QUANT
-        if not _no_self_alias(s0, n_in[t], n_out[t], e, operands, elementwise):
+        if not _no_self_alias(s0, n_in[t], n_out[t], e, operands, entinfo):
             return REJECT_ALIAS
     return 0
 
@@ -278,7 +294,7 @@ def _quant_ok(s0, ent, e, w_buf, operands, bufinfo):
 
 
 @inline
-def _no_self_alias(s0, nin, nout, e, operands, elementwise):
+def _no_self_alias(s0, nin, nout, e, operands, entinfo):
     """No output overlaps one of the task's own inputs, except an elementwise operand
     updated exactly in place."""
     for r in range(s0 + nin, s0 + nin + nout):
@@ -290,7 +306,7 @@ def _no_self_alias(s0, nin, nout, e, operands, elementwise):
             for c in range(1, 6):
                 if operands[q, c] != operands[r, c]:
                     same = False
-            if same and elementwise[e, j]:
+            if same and entinfo[e, E_FLAGS + j] != 0:
                 continue
             if operands[q, 5] != operands[r, 5] and (operands[q, 5] == 0 or operands[r, 5] == 0):
                 continue
@@ -620,11 +636,11 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
 
 @jit
 def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, operands, waits, queue_len, queue_tasks,
-                  bufinfo, entinfo, slot_rule, elementwise, rules, scope, n_xcd, max_in):
+                  bufinfo, entinfo, scope, n_xcd, max_in):
     """Everything after the entry tables, in one call: tasks, waits and queues, tiles and
     completeness, order, races. The ordering checks made, or a REJECT code."""
     nb, nc = bufinfo.shape[0], scope.shape[0]
-    code = check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, slot_rule, elementwise, rules, max_in)
+    code = check_tasks(op_start, n_in, n_out, entry, wbuf, operands, bufinfo, entinfo, max_in)
     if code < 0:
         return code
     code, queue_of, pos = check_waits_and_queues(w_start, out_counter, waits, nc, queue_len, queue_tasks, scope, n_xcd)
@@ -642,35 +658,96 @@ def check_program(op_start, n_in, n_out, w_start, entry, wbuf, out_counter, oper
 
 
 @jit
-def narrow_arrays(arrays):
-    """The bytes the program digest hashes for `arrays` (2-D int64, C order): per array its
-    rows and columns (8 bytes each), a width byte w, then its values in order as w-byte
-    two's complement integers (little-endian hosts), w the smallest of 1, 2, 4, 8 that
-    holds them all. An exact encoding of the values, deterministic, in a fraction of their
-    8 bytes each. (Array operations, no per-value Python: the same code is quick without numba.)"""
+def narrow_arrays(matrices, vectors):
+    """The bytes the program digest hashes for `matrices` (2-D int64, C order), then
+    `vectors` (1-D int64, each taken as one column): per array its rows and columns (8
+    bytes each), then per column a width byte w and the column's values in order as w-byte
+    two's complement integers (little-endian hosts), w the smallest of 1, 2, 4, 8 that holds
+    them all. An exact encoding of the values, deterministic, in a fraction of their 8
+    bytes each (narrowed by column: an operand's buffer id and its offset need different
+    widths). Compiled loops; without numba, `narrow_arrays_numpy` (the same bytes) stands
+    in for it."""
     size = 0
-    for a in arrays:
-        size += 17 + 8 * a.size
+    for a in matrices:
+        size += _narrow_size(a.shape[0], a.shape[1])
+    for v in vectors:
+        size += _narrow_size(v.shape[0], 1)
     out = np.empty(size, np.uint8)
     at = 0
-    for a in arrays:
-        flat = a.reshape(a.size)  # (a view: C order)
-        lo, hi = (flat.min(), flat.max()) if flat.size else (0, 0)
-        w = 1
-        while w < 8 and (lo < -(1 << (8 * w - 1)) or hi >= 1 << (8 * w - 1)):
-            w *= 2
-        head = out[at:at + 16].view(np.int64)
-        head[0], head[1] = a.shape
-        out[at + 16] = w
-        at += 17
-        end = at + w * flat.size
+    for a in matrices:
+        at = _narrow_into(out, at, a)
+    for v in vectors:
+        at = _narrow_into(out, at, v.reshape(v.shape[0], 1))
+    return out[:at]
+
+
+@inline
+def _narrow_size(rows, cols):
+    """An upper bound of one array's encoding size (every value at 8 bytes)."""
+    return 16 + cols * (1 + 8 * rows)
+
+
+@inline
+def _width(lo, hi):
+    """The fewest bytes (1, 2, 4, 8) whose two's complement holds lo..hi."""
+    w = 1
+    while w < 8 and (lo < -(1 << (8 * w - 1)) or hi >= 1 << (8 * w - 1)):
+        w *= 2
+    return w
+
+
+@inline
+def _narrow_into(out, at, a):
+    """Writes the encoding of the 2-D array `a` at out[at:]; returns where it ends."""
+    rows, cols = a.shape
+    head = out[at:at + 16].view(np.int64)
+    head[0], head[1] = rows, cols
+    at += 16
+    for c in range(cols):
+        lo, hi = 0, 0
+        if rows:
+            lo, hi = a[0, c], a[0, c]
+        for r in range(1, rows):
+            lo, hi = min(lo, a[r, c]), max(hi, a[r, c])
+        w = _width(lo, hi)
+        out[at] = w
+        at += 1
+        end = at + w * rows
         if w == 1:
-            out[at:end].view(np.int8)[:] = flat
+            d1 = out[at:end].view(np.int8)
+            for r in range(rows):
+                d1[r] = a[r, c]
         elif w == 2:
-            out[at:end].view(np.int16)[:] = flat
+            d2 = out[at:end].view(np.int16)
+            for r in range(rows):
+                d2[r] = a[r, c]
         elif w == 4:
-            out[at:end].view(np.int32)[:] = flat
+            d4 = out[at:end].view(np.int32)
+            for r in range(rows):
+                d4[r] = a[r, c]
         else:
-            out[at:end].view(np.int64)[:] = flat
+            d8 = out[at:end].view(np.int64)
+            for r in range(rows):
+                d8[r] = a[r, c]
         at = end
+    return at
+
+
+def narrow_arrays_numpy(matrices, vectors):
+    """`narrow_arrays` in numpy array operations (no per-value Python): what the program
+    digest uses without numba. Same bytes (`tests/test_compact.py`)."""
+    arrays = list(matrices) + [v.reshape(-1, 1) for v in vectors]
+    out = np.empty(sum(16 + a.shape[1] * (1 + 8 * a.shape[0]) for a in arrays), np.uint8)
+    at = 0
+    for a in arrays:
+        out[at:at + 16].view(np.int64)[:] = a.shape
+        at += 16
+        for col in a.T:
+            lo, hi = (int(col.min()), int(col.max())) if col.size else (0, 0)
+            w = next(w for w in (1, 2, 4, 8) if w == 8 or -(1 << (8 * w - 1)) <= lo and hi < 1 << (8 * w - 1))
+            out[at] = w
+            at += 1
+            end = at + w * col.size
+            out[at:end].view(f"<i{w}")[:] = col
+            at = end
     return out[:at]
