@@ -489,6 +489,24 @@ def test_fast_path_rereads_params_changed_in_place():
     assert tables and not any(t.flags.writeable for t in tables)
 
 
+def test_accepted_result_is_built_as_model_construct_builds_it():
+    """validate() builds its certificate and result without model_construct's per-field
+    work: the same objects (and the models are still plain: no root, post-init, private
+    attributes or extras that the shortcut would skip)."""
+    for cls in (ir.Certificate, ir.ValidationResult):
+        assert not cls.__pydantic_root_model__ and not cls.__pydantic_post_init__ and not cls.__private_attributes__
+        assert cls.model_config.get("extra") != "allow"
+    cp = compact(layered_program(layers=1, width=2, hidden=64))
+    got = V._accepted(cp, 7)
+    cert = ir.Certificate.model_construct(**dict(got.certificate.__dict__))
+    want = ir.ValidationResult.model_construct(accepted=True, violations=[], certificate=cert)
+    for a, b in ((got, want), (got.certificate, cert)):
+        assert a == b and a.__dict__ == b.__dict__ and a.model_fields_set == b.model_fields_set
+        assert (a.__pydantic_extra__, a.__pydantic_private__) == (b.__pydantic_extra__, b.__pydantic_private__)
+    assert got.model_dump() == want.model_dump() and got.certificate.tasks == cp.num_tasks
+    assert ir.ValidationResult.model_validate(got.model_dump()) == got
+
+
 def test_program_hash_names_are_delimited():
     """The digest's names are JSON: names that would run together alike (a NUL inside one)
     hash apart."""

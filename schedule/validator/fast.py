@@ -54,6 +54,7 @@ COVERED = frozenset({
 })
 
 _HEADER_KEYS = frozenset(HEADER_FIELDS)
+_GEMV = Op.GEMV  # (a module global: an enum class attribute costs more to look up)
 _QUANT_SLOTS = ((kn.E_SLOT_W, "w"), (kn.E_SLOT_W2, "w2"), (kn.E_SLOT_W_SCALE, "w_scale"), (kn.E_SLOT_W_ZERO, "w_zero"),
                 (kn.E_SLOT_W2_SCALE, "w2_scale"), (kn.E_SLOT_W2_ZERO, "w2_zero"))
 assert [c for c, _ in _QUANT_SLOTS] == list(range(kn.E_SLOT_W, kn.ENTRY_COLUMNS))  # entry rows list them in this order
@@ -74,7 +75,7 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     code, bufinfo, buf_variant, n_variants = kn.buffer_table(cp.buffers, cp.kv_capacity, _mask(frozenset(cp.target.dtypes)))
     if code < 0:
         return code  # params, capacity, dtype, kv-range, quant-shape, reference
-    gemv_params = np.array([p.op == Op.GEMV for p in cp.params], dtype=np.bool_)
+    gemv_params = np.array([p.op == _GEMV for p in cp.params], dtype=np.bool_)
     code, op_start, w_start, entry, first, wbuf = kn.task_entries(
         cp.n_in, cp.n_out, cp.n_wait, cp.out_counter, cp.operands, cp.waits, cp.task_params, len(cp.params),
         gemv_params, buf_variant, n_variants, nc, ir.MAX_INPUTS, ir.MAX_OUTPUTS, ir.MAX_WAITS, cp.buffers)
@@ -174,10 +175,13 @@ def _entry_tables(cp: CompactProgram, first: np.ndarray) -> Optional[np.ndarray]
 def _classed_row(p, dtype: int, group: int):
     """`_entry_row` of `p` and its weight (dtype -1: none), shared by params that differ only
     in CLASSED_FLOATS values of one class (`form.float_class`): say, a norm epsilon."""
-    fields = dict(p.__dict__)
-    for name in CLASSED_FLOATS & fields.keys():  # (by name: the attributes operand_rules reads)
-        fields[name] = float_class(fields[name])
     weight = None if dtype == -1 else _Weight(dtype, None if group == -1 else group)
+    classed = CLASSED_FLOATS & p.__dict__.keys()  # (by name: the attributes operand_rules reads)
+    if not classed:
+        return _entry_row(p, weight)  # (no such field: the caller's memo, by the values, is the one)
+    fields = dict(p.__dict__)
+    for name in classed:
+        fields[name] = float_class(fields[name])
     return _memo(_CLASSED_ROWS, (tuple(fields.values()), dtype, group), lambda: _entry_row(p, weight))
 
 
