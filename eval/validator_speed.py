@@ -5,9 +5,9 @@ reads) and as a pydantic Program (converted to the compact form inside every cal
 ~300-task rate is measured twice: one program validated over and over (the validator's memos
 of per-params rule tables warm after the first call, as in a search over one model's
 schedules) and a stream of distinct programs of the same shape, each with a vocabulary size
-the validator has never seen (the embedding, LM-head and argmax params are new, so their rule
-entries and the program's rule table are rebuilt every call; the other params' entries are
-reused). (A new norm epsilon would not do: the memos key floats that the rules read only as
+the validator has never seen (the embedding, LM-head and argmax params are new, so their
+entry rows, from `form.operand_rules`, and the program's entry table are built every call; the
+other params' rows are reused). (A new norm epsilon would not do: the memos key floats that the rules read only as
 "present and positive" by that class.) A breakdown row splits one warm compact validation into
 the checks, the program digest and the rest. Writes paper_results/validator_speed.json and .md.
 
