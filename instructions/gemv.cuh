@@ -176,6 +176,13 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
+// The rows of a task that are staged in shared memory (instructions/stage.cuh): row r < rows of
+// W at p + r * row_bytes, of W2 at p + (rows + r) * row_bytes.
+struct AmkStaged {
+  const char* p;
+  int rows, row_bytes;
+};
+
 // (staged: the row is in shared memory, st; warp-uniform. One loop with both loads, rather than
 // a second copy of it, keeps the generic build free of spills.)
 template <int DT, bool PAIR>
@@ -284,7 +291,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-  constexpr bool S = AMK_STAGE_ON && amk_stage_dtype(DT);
+  constexpr bool S = amk_stage_dtype(DT);  // (no staged copy of the quantized loops is compiled)
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
@@ -373,7 +380,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   } else {
     amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[i] = v; });
   }
-  amk_stage_next(c);  // the prologue's loads are in: the next task's first rows stream in with this task's
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
@@ -390,7 +396,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-  const AmkStaged st = amk_staged_rows(c);  // the rows the previous task staged, landed
+  // the rows staged during the previous task (the plan the producer used), once they landed
+  const bool has_w2 = amk_has(c, AMK_ROLE_W2);
+  const AmkStagePlan sp = amk_stage_plan(t, *w.wb, amk_in(c, AMK_ROLE_W), has_w2 ? &amk_buf(c, amk_in(c, AMK_ROLE_W2)) : nullptr,
+                                         has_w2 ? &amk_in(c, AMK_ROLE_W2) : nullptr, c.stage_cap);
+  const AmkStaged st{c.stage, sp.rows, sp.row_bytes};
+  if (sp.rows > 0) amk_stage_wait(c.stage_bar, c.stage_parity);
   bool ok;
   if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, st, acc, rows, K);
   else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, st, acc, rows, K);

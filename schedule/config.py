@@ -104,7 +104,7 @@ class ScheduleConfig(BaseModel):
         "auto",
         description="VM knob (program.meta['vm']): KiB of shared memory per staging region (a block "
         "has two) into which the TMA copies the next task's first GEMV weight rows while the "
-        "current task runs (instructions/stage.cuh); 0 = none. Only sm_90 and sm_100 stage (elsewhere "
+        "current task runs (instructions/stage.cuh); 0 = none. Only sm_90+ stages (elsewhere "
         "it is 0), and the largest task's shared memory plus two regions must fit the SM. "
         "'auto' = the default that measured fastest on the H100 (eval/PERF_NOTES.md).",
     )

@@ -130,7 +130,7 @@ def test_lowered_model(emu, cfg):
 def test_lowered_model_staged(emu):
     """A whole lowered model with weight staging: every queue stages each next task."""
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
-    run_both(lambda p, tt: emu(p, tt, stage_bytes=16384), prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+    run_both(lambda p, tt: emu(p, tt, stage_bytes=2048), prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
 def test_lowered_model_xcd_placement(emu):

@@ -100,11 +100,10 @@ AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) {
   return r;
 }
 
-// ---------------------------------------------------------------- weight staging (sm_90, sm_100)
+// ---------------------------------------------------------------- weight staging (sm_90+)
 // Bulk copies global -> shared memory by the TMA, completed on an mbarrier (instructions/stage.cuh):
 // one thread issues a whole slab of weight rows, no registers hold the bytes in flight.
-// Not on sm_120: the generic build spilled 60 B there with it, and it is unmeasured.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define AMK_HAS_STAGE 1
 AMK_DEVICE unsigned amk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 AMK_DEVICE void amk_stage_bar_init(unsigned long long* bar) {

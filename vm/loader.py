@@ -308,19 +308,11 @@ DEFAULT_STAGE_KB = 0
 def stage_bytes_for(requested_kb: int, arch: Optional[int], op_smem: int, static_smem: int, limit: int) -> int:
     """Bytes per staging region (instructions/stage.cuh) for a launch: the request, shrunk so
     that the ops' shared memory (rounded up to 128) plus two regions fit `limit` bytes a block; 0
-    where the architecture does not stage (arch None: HIP; CUDA before sm_90: no bulk copies;
-    sm_120: vm/arch_cuda.h leaves it out)."""
-    if arch is None or not 90 <= arch < 120 or requested_kb <= 0:
+    where the architecture cannot stage (arch None: HIP; CUDA before sm_90: no bulk copies)."""
+    if arch is None or arch < 90 or requested_kb <= 0:
         return 0
     room = (limit - static_smem - _round128(op_smem)) // 2
     return max(0, min(requested_kb * 1024, room) // 128 * 128)
-
-
-def stage_compiled(gemv_wdtypes_mask: Optional[int]) -> bool:
-    """Whether a build stages weights (instructions/stage.cuh AMK_STAGE_ON): the generic one
-    (mask None) and those whose GEMV weights are all float."""
-    quantized = (1 << int(DType.I8)) | (1 << int(DType.U4))
-    return gemv_wdtypes_mask is None or not gemv_wdtypes_mask & quantized
 
 
 def _round128(n: int) -> int:
@@ -398,8 +390,6 @@ class CudaVM:
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
             defines = dict(self.packed.defines) if specialize else {}
-            if not stage_compiled(defines.get("AMK_GEMV_WDTYPES")):
-                self.stage_kb = 0
             if self.trace_enabled:
                 defines["AMK_TRACE"] = 1
             for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q")):

@@ -4,8 +4,8 @@
 //            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
 //            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
 //            -> barrier -> thread 0 releases +1 on the task's out_counter.
-// A GEMV also has the next task's first weight rows copied into shared memory during its rows
-// (instructions/stage.cuh), so they are there when that task runs.
+// Thread 0 also stages the next task's first weight rows into shared memory before it waits
+// (instructions/stage.cuh), so they arrive while this task runs.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
 // a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
@@ -121,7 +121,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
-  AMK_BLOCK_SHARED(AmkStage, s_stage);
+  AMK_BLOCK_SHARED(AmkStageBars, s_stage);
 
   AmkCtx c;
   c.t = &s_task;
@@ -131,35 +131,23 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.status = status;
   c.queue = blockIdx.x;
   c.trace_row = nullptr;
-  // Weight staging (instructions/stage.cuh): two regions after the ops' shared memory (the
-  // launch gives smem_bytes rounded up to 128 plus 2 * stage_bytes); warp 1's first thread is
-  // the stager, so that no issue delays thread 0's wait.
-  const int cap = AMK_STAGE_ON ? stage_bytes : 0;
+  // two staging regions after the ops' shared memory (the launch gives smem_bytes rounded up
+  // to 128 plus 2 * stage_bytes)
+  c.stage_cap = AMK_HAS_STAGE ? stage_bytes : 0;
+  char* const regions = (char*)amk_dyn_smem + ((smem_bytes + 127) & ~127);
+  unsigned staged[2] = {0, 0};  // thread 0: phases begun per region
+
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-  const int stager = blockDim.x > AMK_WARP_SIZE ? AMK_WARP_SIZE : 0;
-  c.stage = &s_stage;
-  if (threadIdx.x == 0) {
-    s_stage.regions = (char*)amk_dyn_smem + ((smem_bytes + 127) & ~127);
-    s_stage.cap = cap, s_stage.stager = stager, s_stage.queue_len = q1 - q0;
-    s_stage.task = s_stage.task_cap = s_stage.begun = 0;
-    if (cap > 0) {
+  if (c.stage_cap > 0) {
+    if (threadIdx.x == 0) {
       amk_stage_bar_init(&s_stage.bar[0]);
       amk_stage_bar_init(&s_stage.bar[1]);
     }
+    amk_syncthreads();
   }
-  amk_syncthreads();
-  bool after_gemv = false;  // the previous task was a GEMV, which staged this one
   for (int qi = q0; qi < q1; ++qi) {
-    const int k = qi - q0;
-    // the record of this task and, when staging, of the next one (read in the same round trip)
-    const bool stage_next = cap > 0 && qi + 1 < q1;
     const int* src = (const int*)(tasks + queue_tasks[qi]);
-    const int* src_next = stage_next ? (const int*)(tasks + queue_tasks[qi + 1]) : nullptr;
-    constexpr int words = sizeof(AmkTask) / 4;
-    for (int i = threadIdx.x; i < (stage_next ? 2 : 1) * words; i += blockDim.x) {
-      if (i < words) ((int*)&s_task)[i] = src[i];
-      else ((int*)&s_stage.next)[i - words] = src_next[i - words];
-    }
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
     amk_syncthreads();
     // The task's buffer descriptors move to shared memory before the wait (operand slot s
     // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
@@ -169,16 +157,8 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
       s_bufs.b[threadIdx.x] = bufs[o.buf];
       o.buf = threadIdx.x;
     }
-    // the next task's weight descriptors likewise (W in slot 0, W2 in slot 1), for the stager
-    if (stage_next && (int)threadIdx.x >= (int)blockDim.x - 2) {
-      const int m = blockDim.x - 1 - threadIdx.x, slot = s_stage.next.role[m == 0 ? AMK_ROLE_W : AMK_ROLE_W2];
-      if (slot >= 0) {
-        s_stage.next_bufs[m] = bufs[s_stage.next.in[slot].buf];
-        s_stage.next.in[slot].buf = m;
-      }
-    }
     if (threadIdx.x == 0) s_waiting = 1;
-    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope, op = s_task.op;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
     amk_syncthreads();
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
@@ -189,12 +169,17 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
     if (threadIdx.x == 0) c.trace_row[0] = amk_timer_ns();
 #endif
-    if ((int)threadIdx.x == stager && cap > 0) {
-      s_stage.task = k;
-      s_stage.task_cap = after_gemv ? cap : 0;  // only a task after a GEMV was staged (by it)
-      // phases with no bytes: the first task's, and the next one's after a task that is no GEMV
-      if (k == 0) s_stage.begin(0, nullptr, nullptr, 0);
-      if (op != AMK_OP_GEMV && qi + 1 < q1) s_stage.begin(k + 1, nullptr, nullptr, 0);
+    const int k = qi - q0;
+    c.stage = regions + (k & 1) * (long long)c.stage_cap;
+    c.stage_bar = &s_stage.bar[k & 1];
+    c.stage_parity = (k >> 1) & 1;
+    if (threadIdx.x == 0 && c.stage_cap > 0) {  // stage this task (the first) and the next one
+      for (int a = qi == q0 ? qi : qi + 1; a <= qi + 1 && a < q1; ++a) {
+        const int j = (a - q0) & 1;
+        if (staged[j] > 0) amk_stage_wait(&s_stage.bar[j], (staged[j] - 1) & 1);  // the region's last reader is done
+        amk_stage_issue(tasks[queue_tasks[a]], bufs, regions + j * (long long)c.stage_cap, &s_stage.bar[j], c.stage_cap);
+        staged[j] += 1;
+      }
     }
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
@@ -212,10 +197,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (!s_go) break;
 
     amk_dispatch(c);
-    // a GEMV stages the next task (amk_stage_next); one that stopped short (an error) did not
-    if ((int)threadIdx.x == stager && cap > 0 && qi + 1 < q1 && s_stage.begun == k + 1)
-      s_stage.begin(k + 1, nullptr, nullptr, 0);
-    after_gemv = op == AMK_OP_GEMV;
     amk_syncthreads();
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
@@ -223,5 +204,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
 #endif
   }
   // no bulk copy may land after the block is gone (a queue cut short by an error included)
-  if ((int)threadIdx.x == stager && cap > 0) s_stage.drain();
+  if (threadIdx.x == 0)
+    for (int j = 0; j < 2; ++j)
+      if (staged[j] > 0) amk_stage_wait(&s_stage.bar[j], (staged[j] - 1) & 1);
 }

@@ -11,7 +11,7 @@
 // shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).
 // A chiplet architecture (vm/arch_hip_gfx94.h) also provides amk_ld_acquire_xcd /
 // amk_release_add_xcd and defines AMK_HAS_XCD_SCOPE; elsewhere XCD scope is device scope.
-// An architecture with bulk copies into shared memory (sm_90, sm_100) defines AMK_HAS_STAGE 1 and
+// An architecture with bulk copies into shared memory (sm_90+) defines AMK_HAS_STAGE 1 and
 // amk_stage_bar_init / amk_stage_expect / amk_stage_copy / amk_stage_wait (weight staging,
 // instructions/stage.cuh); elsewhere they do nothing and the host stages no bytes.
 #pragma once
