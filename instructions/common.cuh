@@ -28,12 +28,6 @@ struct AmkCtx {
   int* status;     // device status block (AmkStatusIndex)
   int queue;
   unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
-  // weight staging (instructions/stage.cuh): this task's region, its barrier and the parity
-  // of the phase that holds the task's rows; stage_cap 0: nothing is staged
-  char* stage;
-  unsigned long long* stage_bar;
-  unsigned stage_parity;
-  int stage_cap;
 };
 
 // Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to three

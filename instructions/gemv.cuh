@@ -12,7 +12,6 @@
 #pragma once
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
-#include "stage.cuh"
 #include "vec.cuh"
 
 // 16-byte loads in flight per lane (per matrix): float formats, quantized formats (whose
@@ -176,28 +175,16 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
-// The rows of a task that are staged in shared memory (instructions/stage.cuh): row r < rows of
-// W at p + r * row_bytes, of W2 at p + (rows + r) * row_bytes.
-struct AmkStaged {
-  const char* p;
-  int rows, row_bytes;
-};
-
-// (staged: the row is in shared memory, st; warp-uniform. One loop with both loads, rather than
-// a second copy of it, keeps the generic build free of spills.)
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                 const float* xsums, const AmkStaged& st, bool staged, int r, bool valid, int K,
-                                 int L, int sub, float& a1, float& a2) {
+                                 const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0;
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
-  const char* row1 = staged ? st.p + (amk_i64)r * st.row_bytes : (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
-  const char* row2 = !PAIR   ? nullptr
-                     : staged ? st.p + (amk_i64)(st.rows + r) * st.row_bytes
-                              : (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8;
+  const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
+  const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
   AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
   if (Q) {
     sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
@@ -212,8 +199,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
       if (v < nvec) {
-        raw1[u] = staged ? amk_ld16_shared(row1 + v * 16) : amk_ld16_weight(row1 + (amk_i64)v * 16);
-        if (PAIR) raw2[u] = staged ? amk_ld16_shared(row2 + v * 16) : amk_ld16_weight(row2 + (amk_i64)v * 16);
+        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
         if constexpr (Q) {
           const int g = grp(v);
           sc1[u] = sr1.raw(g);
@@ -286,20 +273,18 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
-                              const AmkStaged& st, float* acc, int rows, int K) {
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                              int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-  constexpr bool S = amk_stage_dtype(DT);  // (no staged copy of the quantized loops is compiled)
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
       float a1, a2;
-      const bool staged = S && r0 + per_warp <= st.rows;  // every row of this warp is staged
-      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, st, staged, r, r < rows, K, L, sub, a1, a2);
+      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
         acc[r * m] = a1;
         if (PAIR) acc[r * m + 1] = a2;
@@ -321,9 +306,9 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
-                                 const AmkStaged& st, float* acc, int rows, int K) {
+                                 float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K);
     return true;
   } else {
     return false;
@@ -331,14 +316,14 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 }
 
 template <bool PAIR>
-AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
-                                  const AmkStaged& st, float* acc, int rows, int K) {
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
+                                  int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, st, acc, rows, K);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -396,15 +381,9 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-  // the rows staged during the previous task (the plan the producer used), once they landed
-  const bool has_w2 = amk_has(c, AMK_ROLE_W2);
-  const AmkStagePlan sp = amk_stage_plan(t, *w.wb, amk_in(c, AMK_ROLE_W), has_w2 ? &amk_buf(c, amk_in(c, AMK_ROLE_W2)) : nullptr,
-                                         has_w2 ? &amk_in(c, AMK_ROLE_W2) : nullptr, c.stage_cap);
-  const AmkStaged st{c.stage, sp.rows, sp.row_bytes};
-  if (sp.rows > 0) amk_stage_wait(c.stage_bar, c.stage_parity);
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, st, acc, rows, K);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, st, acc, rows, K);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

@@ -20,8 +20,6 @@ ProgramDType = Literal["float32", "bfloat16", "float16"]
 SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 
-MAX_STAGE_KB = 112  # two regions of it and the largest task's need must fit an SM's 227 KiB
-
 # Fields that take 'auto' or an int in 1..max.
 _AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS}
 
@@ -98,15 +96,6 @@ class ScheduleConfig(BaseModel):
         1, ge=0, le=4,
         description="VM knob (program.meta['vm']): how many upcoming tasks' weights a block "
         "starts loading before waiting on the current task's activations (0 = none).",
-    )
-
-    weight_stage_kb: Union[Auto, int] = Field(
-        "auto",
-        description="VM knob (program.meta['vm']): KiB of shared memory per staging region (a block "
-        "has two) into which the TMA copies the next task's first GEMV weight rows while the "
-        "current task runs (instructions/stage.cuh); 0 = none. Only sm_90+ stages (elsewhere "
-        "it is 0), and the largest task's shared memory plus two regions must fit the SM. "
-        "'auto' = the default that measured fastest on the H100 (eval/PERF_NOTES.md).",
     )
 
     gemv_unroll: Union[Auto, int] = Field(
@@ -192,13 +181,6 @@ class ScheduleConfig(BaseModel):
         hi = _AUTO_INT_MAX[info.field_name]
         if v != "auto" and not 1 <= v <= hi:
             raise ValueError(f"{info.field_name} must be 'auto' or in 1..{hi}")
-        return v
-
-    @field_validator("weight_stage_kb")
-    @classmethod
-    def _stage_kb(cls, v):
-        if v != "auto" and not 0 <= v <= MAX_STAGE_KB:
-            raise ValueError(f"weight_stage_kb must be 'auto' or in 0..{MAX_STAGE_KB}")
         return v
 
     @field_validator("rope_rows")

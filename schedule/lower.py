@@ -599,7 +599,7 @@ class _Lowering:
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
                          "xcds": self.xcds},
             "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll,
-                   "gemv_unroll_quant": cfg.gemv_unroll_quant, "weight_stage_kb": cfg.weight_stage_kb},
+                   "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
         if self.permuted:
             prog.meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim,

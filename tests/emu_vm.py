@@ -54,16 +54,16 @@ def build(out_dir: Path) -> ctypes.CDLL:
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     _LIB = ctypes.CDLL(str(lib))
     _LIB.amk_emu_launch.restype = ctypes.c_int
-    _LIB.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 5
+    _LIB.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
     return _LIB
 
 
 class EmuVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], lib: ctypes.CDLL, *,
-                 spin_timeout_s: float = 5.0, prefetch_depth: int = 1, stage_bytes: int = 0):
+                 spin_timeout_s: float = 5.0, prefetch_depth: int = 1):
         self.program, self.lib = program, lib
         self.packed = PackedProgram(program)
-        self.spin_timeout_s, self.prefetch_depth, self.stage_bytes = spin_timeout_s, prefetch_depth, stage_bytes
+        self.spin_timeout_s, self.prefetch_depth = spin_timeout_s, prefetch_depth
         self._by_name = {b.name: b for b in program.buffers}
         self.tensors: dict[str, torch.Tensor] = {}
         for b in program.buffers:
@@ -104,7 +104,7 @@ class EmuVM:
                                 ptr(self.packed.queue_tasks if self.packed.queue_tasks.size else self._status),
                                 ptr(self._buffers), ptr(self._counters), ptr(self._status), ptr(self._abort),
                                 self.epoch, int(self.spin_timeout_s * 1e9), self.packed.smem_bytes, self.prefetch_depth,
-                                self.stage_bytes, len(self.program.queues), self.program.threads_per_block)
+                                len(self.program.queues), self.program.threads_per_block)
         self.epoch += 1
         code = int(self._status[0])
         if code:

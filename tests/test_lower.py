@@ -255,8 +255,7 @@ def test_fused_layer_is_six_hops():
 
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
-    assert p.meta["vm"] == {"prefetch_depth": 3, "gemv_unroll": "auto", "gemv_unroll_quant": "auto",
-                            "weight_stage_kb": "auto"}
+    assert p.meta["vm"] == {"prefetch_depth": 3, "gemv_unroll": "auto", "gemv_unroll_quant": "auto"}
     assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
     assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
     assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
@@ -312,7 +311,6 @@ FIELD_CHANGES = {
     "prefetch_depth": ({}, dict(prefetch_depth=2)),
     "gemv_unroll": ({}, dict(gemv_unroll=4)),
     "gemv_unroll_quant": ({}, dict(gemv_unroll_quant=4)),
-    "weight_stage_kb": ({}, dict(weight_stage_kb=32)),
     "fuse_norm": ({}, dict(fuse_norm=False)),
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),

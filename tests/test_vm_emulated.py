@@ -23,7 +23,6 @@ from vm_cases import (
     GEMV_CASES,
     HALF_WEIGHT_CASES,
     PROMPT,
-    STAGED_CASES,
     cast_weights,
     close,
     elementwise_program,
@@ -54,26 +53,6 @@ def test_embed_rmsnorm_gemv_argmax(emu):
 def test_gemv(emu, name):
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
-
-
-# Weight staging (instructions/stage.cuh): a region too small for any row, one that takes some
-# rows of a slab, one that takes whole slabs. The emulated bulk copy poisons its destination
-# until a thread waits for it, so a staged row read before the wait fails the comparison.
-STAGE_BYTES = [16, 768, 65536]
-
-
-@pytest.mark.parametrize("stage_bytes", STAGE_BYTES)
-@pytest.mark.parametrize("name", STAGED_CASES)
-def test_gemv_staged(emu, name, stage_bytes):
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-    run_both(lambda p, tt: emu(p, tt, stage_bytes=stage_bytes), prog, t, [(1, 0), (3, 1)])
-
-
-@pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
-@pytest.mark.parametrize("name", ["store", "silu_mul", "long_k"])
-def test_gemv_half_weights_staged(emu, name, dtype):
-    prog, t = cast_weights(*gemv_program(GEMV_CASES[name], seed=7), {"w", "w2"}, dtype)
-    run_both(lambda p, tt: emu(p, tt, stage_bytes=1024), prog, t, [(2, 0), (1, 1)])
 
 
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
@@ -125,12 +104,6 @@ def test_tiny_model(emu, family):
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
-
-
-def test_lowered_model_staged(emu):
-    """A whole lowered model with weight staging: every queue stages each next task."""
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
-    run_both(lambda p, tt: emu(p, tt, stage_bytes=2048), prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
 def test_lowered_model_xcd_placement(emu):

@@ -21,7 +21,6 @@ from vm_cases import (
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
-    STAGED_CASES,
     cast_weights,
     close,
     elementwise_program,
@@ -71,35 +70,6 @@ def test_gemv(name):
 def test_gemv_half_weights(name, dtype):
     prog, t = cast_weights(*gemv_program(GEMV_CASES[name], seed=7), {"w", "w2"}, dtype)
     run_both(cuda_vm, prog, t, [(2, 0), (1, 1)])
-
-
-def _stages() -> bool:
-    return torch.cuda.get_device_capability()[0] >= 9  # bulk copies into shared memory: sm_90+
-
-
-@pytest.mark.parametrize("stage_kb", [1, 64])
-@pytest.mark.parametrize("name", STAGED_CASES)
-def test_gemv_staged(name, stage_kb):
-    """GEMVs whose first weight rows the previous task staged in shared memory (1 KiB: a few
-    rows of a slab; 64 KiB: whole slabs)."""
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-    vms = []
-
-    def make(p, tt):
-        vms.append(cuda_vm(p, tt, stage_kb=stage_kb))
-        return vms[-1]
-
-    run_both(make, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
-    assert (vms[0].stage_bytes > 0) == _stages()
-
-
-def test_staging_changes_no_bit():
-    """A bf16 model with and without weight staging: the same products summed in the same
-    order, so bit-identical logits (the staged rows are only read from elsewhere)."""
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16")
-    plain, staged = cuda_vm(prog, t, stage_kb=0), cuda_vm(prog, t, stage_kb=96)
-    assert plain.stage_bytes == 0 and (staged.stage_bytes > 0) == _stages()
-    assert torch.equal(staged.logits_for(PROMPT), plain.logits_for(PROMPT))
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])

@@ -83,9 +83,6 @@ GEMV_CASES = {
     "i8_two_rounds": GemvCase(rows=8, k=8192, quant="i8", group=128),
 }
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
-# weight staging (instructions/stage.cuh): float and quantized (never staged) weights, pairs, K slices
-STAGED_CASES = ["store", "silu_mul", "split_k_silu", "split_k_tail", "i8_vec", "u4_vec_split", "long_k",
-                "i8_long_k", "u4_long_k", "rope_append"]
 ATTN_SPLITS = [(1, 1), (3, 2), (5, 1)]
 ATTN_TOKENS = [3, 1, 4, 1, 5, 7, 2, 6, 0]
 

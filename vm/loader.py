@@ -301,38 +301,20 @@ def _bytes_to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 TRACE_COLS = 6  # instructions/common.cuh AMK_TRACE_COLS
-# KiB per weight-staging region (two per block) when the program says 'auto' (eval/PERF_NOTES.md)
-DEFAULT_STAGE_KB = 0
-
-
-def stage_bytes_for(requested_kb: int, arch: Optional[int], op_smem: int, static_smem: int, limit: int) -> int:
-    """Bytes per staging region (instructions/stage.cuh) for a launch: the request, shrunk so
-    that the ops' shared memory (rounded up to 128) plus two regions fit `limit` bytes a block; 0
-    where the architecture cannot stage (arch None: HIP; CUDA before sm_90: no bulk copies)."""
-    if arch is None or arch < 90 or requested_kb <= 0:
-        return 0
-    room = (limit - static_smem - _round128(op_smem)) // 2
-    return max(0, min(requested_kb * 1024, room) // 128 * 128)
-
-
-def _round128(n: int) -> int:
-    return (n + 127) // 128 * 128
 
 
 class CudaVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], device: str | torch.device = "cuda", *,
                  validation: Optional[ValidationResult] = None, timeout_s: float = 10.0,
                  spin_timeout_s: Optional[float] = None, prefetch_depth: Optional[int] = None,
-                 stage_kb: Optional[int] = None, poison_each_step: bool = False, trace: bool = False,
-                 specialize: bool = True, _unsafe_skip_validation: bool = False):
+                 poison_each_step: bool = False, trace: bool = False, specialize: bool = True,
+                 _unsafe_skip_validation: bool = False):
         """`tensors`: buffer name -> contents of every WEIGHT and CONST buffer (I8 as int8,
         U4 as uint8 packed two per byte), on any device. `validation`: a result to honour
         instead of running the validator. `timeout_s`: host watchdog per launch;
         `spin_timeout_s`: device bound on one wait (default timeout_s / 2).
         `prefetch_depth`: tasks ahead whose weights a block prefetches (default: the
-        program's meta['vm']['prefetch_depth'], else 1). `stage_kb`: KiB per weight-staging
-        region (default: meta['vm']['weight_stage_kb'], 'auto' = DEFAULT_STAGE_KB; 0 where the
-        device cannot stage, see stage_bytes_for). `poison_each_step`: fill
+        program's meta['vm']['prefetch_depth'], else 1). `poison_each_step`: fill
         activations/scratch/outputs with NaN before every step, as the ReferenceVM does.
         `trace`: build with -DAMK_TRACE and record per task the globaltimer (ns) at wait
         start, wait met and op done, then up to 3 phase marks inside the op (GEMV: prologue
@@ -358,9 +340,6 @@ class CudaVM:
         vm_meta = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
         meta_depth = vm_meta.get("prefetch_depth", 1)
         self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else meta_depth)
-        meta_stage = vm_meta.get("weight_stage_kb", "auto")
-        self.stage_kb = int(stage_kb if stage_kb is not None else
-                            DEFAULT_STAGE_KB if meta_stage == "auto" else meta_stage)
         self.poison_each_step = poison_each_step
         self.trace_enabled = bool(trace)
         self._broken: Optional[str] = None
@@ -441,16 +420,6 @@ class CudaVM:
         if smem + static > optin:
             raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static); "
                             f"the device allows {optin} per block")
-        from amk.vm import build
-
-        arch = None if torch.version.hip else build.device_arch(idx)
-        # staging must leave room for every co-resident block of an SM (1 KiB each is reserved)
-        per_sm_smem = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerMultiprocessor, idx)
-        limit = min(optin, per_sm_smem // max(1, self.program.blocks_per_cu) - 1024)
-        self.stage_bytes = stage_bytes_for(self.stage_kb, arch, smem, static, limit)
-        if self.stage_bytes:
-            smem = _round128(smem) + 2 * self.stage_bytes
-        self.launch_smem = smem
         if smem > 48 * 1024:
             self._kernel.max_dynamic_shared_size_bytes = smem
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
@@ -517,13 +486,13 @@ class CudaVM:
             np.uint64(self._queue_tasks.data_ptr()), np.uint64(self._buffer_table.data_ptr()),
             np.uint64(self._counters.data_ptr()), np.uint64(self._status.data_ptr()), np.uint64(self._abort_ptr),
             np.uint32(self.epoch & 0xFFFFFFFF), np.uint64(int(self.spin_timeout_s * 1e9)),
-            np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth), np.int32(self.stage_bytes),
+            np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth),
         )
         if self._trace is not None:
             args = args + (np.uint64(self._trace.data_ptr()),)
         with cp.cuda.Device(self.device.index):
             self._kernel((len(self.program.queues),), (self.program.threads_per_block,), args,
-                         shared_mem=self.launch_smem, stream=self._cupy_stream(stream))
+                         shared_mem=self.packed.smem_bytes, stream=self._cupy_stream(stream))
         self.epoch += 1
         ev = torch.cuda.Event()
         ev.record(stream)

@@ -4,8 +4,6 @@
 //            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
 //            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
 //            -> barrier -> thread 0 releases +1 on the task's out_counter.
-// Thread 0 also stages the next task's first weight rows into shared memory before it waits
-// (instructions/stage.cuh), so they arrive while this task runs.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
 // a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
@@ -111,7 +109,7 @@ extern "C" AMK_KERNEL(AMK_BLOCK_THREADS, AMK_MIN_BLOCKS)
 amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_start,
                const int* __restrict__ queue_tasks, const AmkBuffer* __restrict__ bufs,
                unsigned* counters, int* status, const int* host_abort, unsigned epoch,
-               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth, int stage_bytes
+               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth
 #ifdef AMK_TRACE
                , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS]: wait start, wait met, op done, marks (ns)
 #endif
@@ -121,7 +119,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
-  AMK_BLOCK_SHARED(AmkStageBars, s_stage);
 
   AmkCtx c;
   c.t = &s_task;
@@ -131,20 +128,8 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.status = status;
   c.queue = blockIdx.x;
   c.trace_row = nullptr;
-  // two staging regions after the ops' shared memory (the launch gives smem_bytes rounded up
-  // to 128 plus 2 * stage_bytes)
-  c.stage_cap = AMK_HAS_STAGE ? stage_bytes : 0;
-  char* const regions = (char*)amk_dyn_smem + ((smem_bytes + 127) & ~127);
-  unsigned staged[2] = {0, 0};  // thread 0: phases begun per region
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-  if (c.stage_cap > 0) {
-    if (threadIdx.x == 0) {
-      amk_stage_bar_init(&s_stage.bar[0]);
-      amk_stage_bar_init(&s_stage.bar[1]);
-    }
-    amk_syncthreads();
-  }
   for (int qi = q0; qi < q1; ++qi) {
     const int* src = (const int*)(tasks + queue_tasks[qi]);
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
@@ -169,18 +154,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
     if (threadIdx.x == 0) c.trace_row[0] = amk_timer_ns();
 #endif
-    const int k = qi - q0;
-    c.stage = regions + (k & 1) * (long long)c.stage_cap;
-    c.stage_bar = &s_stage.bar[k & 1];
-    c.stage_parity = (k >> 1) & 1;
-    if (threadIdx.x == 0 && c.stage_cap > 0) {  // stage this task (the first) and the next one
-      for (int a = qi == q0 ? qi : qi + 1; a <= qi + 1 && a < q1; ++a) {
-        const int j = (a - q0) & 1;
-        if (staged[j] > 0) amk_stage_wait(&s_stage.bar[j], (staged[j] - 1) & 1);  // the region's last reader is done
-        amk_stage_issue(tasks[queue_tasks[a]], bufs, regions + j * (long long)c.stage_cap, &s_stage.bar[j], c.stage_cap);
-        staged[j] += 1;
-      }
-    }
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
       *(volatile int*)&s_waiting = 0;
@@ -203,8 +176,4 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) c.trace_row[2] = amk_timer_ns();
 #endif
   }
-  // no bulk copy may land after the block is gone (a queue cut short by an error included)
-  if (threadIdx.x == 0)
-    for (int j = 0; j < 2; ++j)
-      if (staged[j] > 0) amk_stage_wait(&s_stage.bar[j], (staged[j] - 1) & 1);
 }

@@ -7,11 +7,9 @@
 extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, const int* queue_tasks,
                               const AmkBuffer* bufs, unsigned* counters, int* status, const int* host_abort,
                               unsigned epoch, unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth,
-                              int stage_bytes, int nblocks, int nthreads) {
+                              int nblocks, int nthreads) {
   std::vector<std::unique_ptr<AmkEmuBlock>> blocks;
-  // the ops' shared memory, then two weight-staging regions (as vm/loader.py launches it)
-  const int dyn_bytes = stage_bytes > 0 ? (smem_bytes + 127) / 128 * 128 + 2 * stage_bytes : smem_bytes;
-  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, dyn_bytes));
+  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, smem_bytes));
   std::vector<std::thread> threads;
   threads.reserve((size_t)nblocks * nthreads);
   for (int b = 0; b < nblocks; ++b)
@@ -22,7 +20,7 @@ extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, cons
         blockDim = {(unsigned)nthreads, 1, 1};
         amk_emu_block = blocks[b].get();
         amk_megakernel(tasks, queue_start, queue_tasks, bufs, counters, status, host_abort, epoch, spin_timeout_ns,
-                       smem_bytes, prefetch_depth, stage_bytes);
+                       smem_bytes, prefetch_depth);
       });
   for (auto& th : threads) th.join();
   return 0;
