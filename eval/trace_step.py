@@ -7,6 +7,11 @@ one step with a CudaVM built with -DAMK_TRACE (globaltimer at wait start, wait m
 done per task) and prints per op / per task kind: summed and max op time, summed wait
 time, the per-queue gaps (record copy + prefetch), and the critical path, walked back from
 the last task to finish. Writes trace_step.json to $OUT (or --out).
+
+    python3 -m amk.eval.trace_step --compare BEFORE/trace_step.json AFTER/trace_step.json
+
+prints two such traces side by side (no GPU needed): per task kind the in-op phases and
+the critical path's op and hop time, "before -> after".
 """
 from __future__ import annotations
 
@@ -111,8 +116,36 @@ def analyse(program, tr: np.ndarray) -> dict:
             "queue_busy_us": {"op_total": float((dn - wm).sum() / 1e3), "wait_total": float((wm - ws).sum() / 1e3)}}
 
 
+def median_step(path: str) -> dict:
+    """The median-length traced step of a trace_step.json (the one main() reports)."""
+    with open(path) as f:
+        steps = json.load(f)["steps"]
+    return sorted(steps, key=lambda r: r["step_us"])[len(steps) // 2]
+
+
+def compare(a: dict, b: dict) -> list[str]:
+    """Lines of `analyse` results a (before) and b (after) side by side, per task kind."""
+    def pair(x, y):
+        return f"{x:8.2f} -> {y:8.2f}"
+
+    lines = [f"step us: {pair(a['step_us'], b['step_us'])}", "in-op phases, mean us:"]
+    for k in sorted(set(a["phases"]) | set(b["phases"])):
+        pa, pb = a["phases"].get(k, {}), b["phases"].get(k, {})
+        names = sorted(n for n in set(pa) | set(pb) if n != "n")
+        lines.append(f"  {k[:44]:44s} " + " | ".join(pair(pa.get(n, 0.0), pb.get(n, 0.0)) for n in names))
+    lines.append("critical path, us (n before/after: op, hop):")
+    ca, cb = a["critical_path"]["by_kind"], b["critical_path"]["by_kind"]
+    for k in sorted(set(ca) | set(cb)):
+        x, y = ca.get(k, {"n": 0, "op_us": 0.0, "hop_us": 0.0}), cb.get(k, {"n": 0, "op_us": 0.0, "hop_us": 0.0})
+        lines.append(f"  {k[:44]:44s} n {x['n']:3d}/{y['n']:3d}  op {pair(x['op_us'], y['op_us'])}  "
+                     f"hop {pair(x['hop_us'], y['hop_us'])}")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
+                    help="print two trace_step.json files side by side and exit (no GPU needed)")
     ap.add_argument("--shape", default="llama-3.2-1b")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
@@ -121,6 +154,9 @@ def main() -> None:
     ap.add_argument("--define", action="append", default=[], help="extra NVRTC define NAME=VALUE (experiments)")
     ap.add_argument("--config", default=None, help="a ScheduleConfig JSON file (e.g. eval/configs/int8_g128.json)")
     a = ap.parse_args()
+    if a.compare:
+        print("\n".join(compare(*map(median_step, a.compare))))
+        return
     if a.define:
         from amk.vm import build
         extra = dict(d.split("=", 1) for d in a.define)

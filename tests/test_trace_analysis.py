@@ -37,3 +37,25 @@ def test_phases_and_critical_path():
     assert all(not k.startswith("2") for k in set(r["per_kind"]) - set(r["phases"]))  # unmarked ops: no phases
     assert r["critical_path"]["len"] >= 1
     assert abs(r["step_us"] - (r["critical_path"]["rows"][-1]["done_us"])) < 1e-9
+
+
+def test_compare_two_traces(tmp_path):
+    """--compare reads the median step of each file and prints before -> after per kind."""
+    import json
+
+    from amk.eval.trace_step import compare, median_step
+
+    prog, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
+    tr = _fake_trace(prog)
+    before = analyse(prog, tr)
+    tr2 = tr.copy()
+    tr2[:, 2] += 500  # every op 0.5 us longer
+    after = analyse(prog, tr2)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"steps": [after, before, after]}))
+    assert median_step(str(path))["step_us"] == after["step_us"]
+    lines = compare(before, after)
+    assert lines[0] == f"step us: {before['step_us']:8.2f} -> {after['step_us']:8.2f}"
+    gemv = next(line for line in lines if line.strip().startswith("2") and "|" in line)
+    assert "0.30 ->     0.80" in gemv  # the last phase (epilogue) grew by the 0.5 us
+    assert any(line.strip().startswith("2") and " op " in line for line in lines)
