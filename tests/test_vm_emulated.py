@@ -18,11 +18,14 @@ from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
 from vm_cases import (
+    ARGMAX_CASES,
+    ARGMAX_TOKEN,
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
     HALF_WEIGHT_CASES,
     PROMPT,
+    argmax_program,
     cast_weights,
     close,
     elementwise_program,
@@ -47,6 +50,15 @@ def emu(tmp_path_factory):
 
 def test_embed_rmsnorm_gemv_argmax(emu):
     run_both(emu, *lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5), [(0, 0), (7, 0), (299, 0)])
+
+
+@pytest.mark.parametrize("case", list(ARGMAX_CASES))
+def test_argmax_ties_and_nan(emu, case):
+    """The first of several equal largest logits, or the first NaN, as torch.argmax."""
+    prog, t = argmax_program(case)
+    ref, _ = run_both(emu, prog, t, [(ARGMAX_TOKEN, 0)])
+    ties, nans = ARGMAX_CASES[case]
+    assert int(ref.run_step(ARGMAX_TOKEN, 0)["next_token"]) == min(nans or ties)
 
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))

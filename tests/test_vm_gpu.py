@@ -15,12 +15,15 @@ from amk.schedule.ir import DType
 from amk.vm.reference import ReferenceVM
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
 from vm_cases import (
+    ARGMAX_CASES,
+    ARGMAX_TOKEN,
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
+    argmax_program,
     cast_weights,
     close,
     elementwise_program,
@@ -57,6 +60,15 @@ def cuda_vm(prog, tensors, **kw):
 def test_embed_rmsnorm_gemv_argmax():
     prog, t = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
     run_both(cuda_vm, prog, t, [(0, 0), (7, 0), (299, 0), (123, 0)])
+
+
+@pytest.mark.parametrize("case", list(ARGMAX_CASES))
+def test_argmax_ties_and_nan(case):
+    """The first of several equal largest logits, or the first NaN, as torch.argmax."""
+    prog, t = argmax_program(case)
+    ref, _ = run_both(cuda_vm, prog, t, [(ARGMAX_TOKEN, 0)])
+    ties, nans = ARGMAX_CASES[case]
+    assert int(ref.run_step(ARGMAX_TOKEN, 0)["next_token"]) == min(nans or ties)
 
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))

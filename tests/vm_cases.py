@@ -83,6 +83,26 @@ GEMV_CASES = {
     "i8_two_rounds": GemvCase(rows=8, k=8192, quant="i8", group=128),
 }
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
+
+# ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the
+# tied table that make equal largest logits (or NaN ones) far apart, so that different
+# threads see them, and pairs that one thread sees in one round of loads (with 256 threads
+# and 4-float vectors, 37 and 2085 are thread 9's vectors 0 and 2; 901 and 1925 are thread
+# 225's 0 and 1). Token 5's row is the direction.
+ARGMAX_TOKEN = 5
+ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600], None), "nan": ([2999, 37], [1925, 901])}
+
+
+def argmax_program(case: str):
+    from programs import lm_head_program
+
+    prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7)
+    table = t["embed"].clone()
+    ties, nans = ARGMAX_CASES[case]
+    table[ties] = 10 * table[ARGMAX_TOKEN]
+    if nans:
+        table[nans] = float("nan")
+    return prog, {**t, "embed": table}
 ATTN_SPLITS = [(1, 1), (3, 2), (5, 1)]
 ATTN_TOKENS = [3, 1, 4, 1, 5, 7, 2, 6, 0]
 
