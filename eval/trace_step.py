@@ -206,7 +206,8 @@ def main() -> None:
         print(f"{k[:44]:44s} {v['n']:5d} {v['op_sum_us']:9.0f} {v['op_sum_us'] / v['n']:8.1f} {v['op_max_us']:8.1f} "
               f"{v['wait_sum_us']:9.0f} {v['gap_sum_us']:9.0f}")
     print("\nin-op phases, mean us (GEMV: prologue | rows | epilogue+signal; attention partial: q+pos | "
-          "scores | P.V | store+signal; combine: (m,l) | weights | outputs+signal):")
+          "scores | P.V | store+signal; combine: (m,l) | weights | outputs+signal; argmax: scan | warps | "
+          "final+signal):")
     for k, v in sorted(r["phases"].items(), key=lambda kv: kv[0]):
         segs = " | ".join(f"{v[f'phase{j}_us']:6.2f}" for j in range(4) if f"phase{j}_us" in v)
         print(f"  {k[:44]:44s} n={int(v['n']):5d}  {segs}")

@@ -38,7 +38,12 @@ AMK_DEVICE int amk_argmax_vec(const AmkBuffer& xb, amk_i64 off, int n, float& be
       for (int j = 0; j < F::VEC; ++j) {
         const float val = F::get(raw[u], j);
         const int i = v * F::VEC + j;
-        if (bi == n || amk_argmax_better(val, i, best, bi)) best = val, bi = i;
+        // this thread scans its indices in increasing order, so an equal value never
+        // replaces the best: take a larger value, or the first NaN. Selects, where the
+        // general comparison branched per element: the op 32.3 -> 24.2 us (PERF_NOTES item 42)
+        const bool take = val > best || (amk_isnan(val) && !amk_isnan(best));
+        best = take ? val : best;
+        bi = take ? i : bi;
       }
     }
   }
@@ -74,6 +79,7 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
     const float v = amk_load(xb, amk_flat(x, i));
     if (bi == n || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
   }
+  amk_trace_mark(c, 0);  // thread 0's scan done
 #pragma unroll
   for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) {
     const float ov = amk_shfl_xor(best, m);
@@ -82,6 +88,7 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
   }
   if (amk_lane() == 0) red[amk_warp()] = best, red_i[amk_warp()] = bi;
   amk_syncthreads();
+  amk_trace_mark(c, 1);  // every warp's best in
   if (threadIdx.x == 0) {
     for (int w = 1; w < amk_nwarps(); ++w)
       if (red_i[w] != n && (red_i[0] == n || amk_argmax_better(red[w], red_i[w], red[0], red_i[0])))
