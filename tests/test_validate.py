@@ -508,8 +508,8 @@ def test_accepted_result_is_built_as_model_construct_builds_it():
 
 
 def test_program_hash_names_are_delimited():
-    """The digest's names are JSON: names that would run together alike (a NUL inside one)
-    hash apart."""
+    """The digest's names are counted and length-prefixed (JSON where one holds a NUL):
+    names that would run together alike (a NUL inside one) hash apart."""
     cp = compact(layered_program(layers=1, width=2, hidden=64))
     names = list(cp.names)
     a = dataclasses.replace(cp, names=[names[0] + "\x00" + names[1]] + [""] + names[2:])

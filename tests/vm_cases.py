@@ -13,7 +13,7 @@ import torch
 
 from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
 from amk.vm.reference import ReferenceVM
-from programs import Builder, GemvCase, opd
+from programs import Builder, GemvCase, lm_head_program, opd
 
 K = BufferKind
 TORCH = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
@@ -94,8 +94,6 @@ ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600], None), "nan": ([2999, 37],
 
 
 def argmax_program(case: str):
-    from programs import lm_head_program
-
     prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7)
     table = t["embed"].clone()
     ties, nans = ARGMAX_CASES[case]

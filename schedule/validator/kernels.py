@@ -736,18 +736,23 @@ def _narrow_into(out, at, a):
 def narrow_arrays_numpy(matrices, vectors):
     """`narrow_arrays` in numpy array operations (no per-value Python): what the program
     digest uses without numba. Same bytes (`tests/test_compact.py`)."""
+    size, width = _python(_narrow_size), _python(_width)  # the compiled helpers' own Python
     arrays = list(matrices) + [v.reshape(-1, 1) for v in vectors]
-    out = np.empty(sum(16 + a.shape[1] * (1 + 8 * a.shape[0]) for a in arrays), np.uint8)
+    out = np.empty(sum(size(*a.shape) for a in arrays), np.uint8)
     at = 0
     for a in arrays:
         out[at:at + 16].view(np.int64)[:] = a.shape
         at += 16
         for col in a.T:
-            lo, hi = (int(col.min()), int(col.max())) if col.size else (0, 0)
-            w = next(w for w in (1, 2, 4, 8) if w == 8 or -(1 << (8 * w - 1)) <= lo and hi < 1 << (8 * w - 1))
+            w = width(*((int(col.min()), int(col.max())) if col.size else (0, 0)))
             out[at] = w
             at += 1
             end = at + w * col.size
             out[at:end].view(f"<i{w}")[:] = col
             at = end
     return out[:at]
+
+
+def _python(f):
+    """The Python function behind a numba-compiled one (itself without numba)."""
+    return getattr(f, "py_func", f)
