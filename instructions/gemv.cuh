@@ -259,6 +259,137 @@ AMK_DEVICE int amk_gemv_lanes(int K) {
   return L;
 }
 
+#ifndef AMK_GEMV_XPIPE
+#define AMK_GEMV_XPIPE 0  // 1: a warp's next round of loads goes out before this round's sums (amk_gemv_rows_pipe)
+#endif
+
+// One round of a lane's loads: U vectors of its row of each matrix and the raw bits of their
+// scales (and zeros).
+template <int DT, bool PAIR>
+struct AmkGemvRound {
+  static constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
+  static constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  amk_u32x4 raw1[U], raw2[PAIR ? U : 1];
+  unsigned sc1[Q ? U : 1], sc2[Q && PAIR ? U : 1], z1[Z ? U : 1], z2[Z && PAIR ? U : 1];
+};
+
+// Issue round x: vectors v0, v0 + L, ... (U of them) of row r of w (and w2), if `valid`.
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_load(AmkGemvRound<DT, PAIR>& x, const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp,
+                              int r, bool valid, int v0, int nvec, int L) {
+  using F = AmkWFmt<DT>;
+  using X = AmkGemvRound<DT, PAIR>;
+  const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
+  const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
+  AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
+  if (X::Q) {
+    sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
+    if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
+  }
+#pragma unroll
+  for (int u = 0; u < X::U; ++u) {
+    const int v = v0 + u * L;
+    if (valid && v < nvec) {
+      x.raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+      if (PAIR) x.raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+      if constexpr (X::Q) {
+        const int g = grp(v);
+        x.sc1[u] = sr1.raw(g);
+        if (PAIR) x.sc2[u] = sr2.raw(g);
+        if constexpr (X::Z) {
+          x.z1[u] = zr1.raw(g);
+          if (PAIR) x.z2[u] = zr2.raw(g);
+        }
+      }
+    }
+  }
+}
+
+// Add round x's products to s1 (and s2). q*: the scale/zero dtypes (AmkQRow::value).
+template <int DT, bool PAIR, class R>
+AMK_DEVICE void amk_gemv_use(const AmkGemvRound<DT, PAIR>& x, const AmkQRow& qs1, const AmkQRow& qs2, const AmkQRow& qz1,
+                             const AmkQRow& qz2, const float* xs, const float* xsums, R rot, bool valid, int v0, int nvec,
+                             int L, float& s1, float& s2) {
+  using F = AmkWFmt<DT>;
+  using X = AmkGemvRound<DT, PAIR>;
+#pragma unroll
+  for (int u = 0; u < X::U; ++u) {
+    const int v = v0 + u * L;
+    if (valid && v < nvec) {
+      const float* xv = xs + v * F::VEC;
+      const amk_u32x4 w1 = rot.words(x.raw1[u]), w2v = PAIR ? rot.words(x.raw2[u]) : w1;
+      if constexpr (X::Q) {
+        const float xsum = X::Z ? xsums[v] : 0.0f;
+        s1 += amk_qvec<DT>(w1, xv, xsum, qs1.value(x.sc1[u]), X::Z ? qz1.value(x.z1[u]) : 0.0f, rot);
+        if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, qs2.value(x.sc2[u]), X::Z ? qz2.value(x.z2[u]) : 0.0f, rot);
+      } else {
+#pragma unroll
+        for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
+        if (PAIR) {
+#pragma unroll
+          for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
+        }
+      }
+    }
+  }
+}
+
+// A warp's rows as one sequence of rounds (R a row), double-buffered: round i + 1's loads are
+// issued before round i's sums, across row ends too, so a lane's arithmetic overlaps its next
+// memory round trip instead of following it (PERF_NOTES items 34, 36). Same sums in the same
+// order as amk_gemv_row_vec.
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_rows_pipe(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+                                   const float* xsums, float* acc, int rows, int K) {
+  using F = AmkWFmt<DT>;
+  using X = AmkGemvRound<DT, PAIR>;
+  constexpr int m = PAIR ? 2 : 1;
+  const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+  const int nvec = K / F::VEC, span = L * X::U;
+  const int R = nvec > span ? (nvec + span - 1) / span : 1;  // rounds a row (warp-uniform)
+  const int rstep = amk_nwarps() * per_warp, w0 = amk_warp() * per_warp;
+  const int n = (rows > w0 ? (rows - w0 + rstep - 1) / rstep : 0) * R;  // this warp's rounds
+  const auto rot = AmkXRot<F::VEC / 4>::of(sub);
+  const AmkQRow qs1 = amk_qrow(w.sb, 0), qz1 = amk_qrow(w.zb, 0);
+  const AmkQRow qs2 = PAIR ? amk_qrow(w2.sb, 0) : qs1, qz2 = PAIR ? amk_qrow(w2.zb, 0) : qz1;
+  X a, b;
+  int lr = w0 + amk_lane() / L, lk = 0;  // the next round to load: row, round of the row
+  int cr = lr, ck = 0;                   // the next round to use
+  float s1 = 0.0f, s2 = 0.0f;
+  auto load = [&](X& x) {
+    amk_gemv_load<DT, PAIR>(x, w, w2, grp, lr, lr < rows, sub + lk * span, nvec, L);
+    if (++lk == R) lk = 0, lr += rstep;
+  };
+  auto use = [&](const X& x) {
+    amk_gemv_use<DT, PAIR>(x, qs1, qs2, qz1, qz2, xs, xsums, rot, cr < rows, sub + ck * span, nvec, L, s1, s2);
+    if (++ck < R) return;
+    if (cr < rows) {
+      for (int col = nvec * F::VEC + sub; col < K; col += L) {  // tail
+        s1 += amk_w_at(w, cr, col) * xs[col];
+        if (PAIR) s2 += amk_w_at(w2, cr, col) * xs[col];
+      }
+    }
+    for (int mm = L / 2; mm > 0; mm >>= 1) {
+      s1 += amk_shfl_xor(s1, mm);
+      if (PAIR) s2 += amk_shfl_xor(s2, mm);
+    }
+    if (sub == 0 && cr < rows) {
+      acc[cr * m] = s1;
+      if (PAIR) acc[cr * m + 1] = s2;
+    }
+    s1 = s2 = 0.0f, ck = 0, cr += rstep;
+  };
+  if (n > 0) load(a);
+#pragma unroll 1
+  for (int i = 0; i < n; i += 2) {  // warp-uniform
+    if (i + 1 < n) load(b);
+    use(a);
+    if (i + 1 >= n) break;
+    if (i + 2 < n) load(a);
+    use(b);
+  }
+}
+
 // Scalar fallback for slabs that are not 16-byte aligned; whole warp.
 template <bool PAIR>
 AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
@@ -278,6 +409,12 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
+  if constexpr (AMK_GEMV_XPIPE != 0) {
+    if (vec) {
+      amk_gemv_rows_pipe<DT, PAIR>(w, w2, grp, xs, xsums, acc, rows, K);
+      return;
+    }
+  }
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1

@@ -20,7 +20,7 @@ import torch
 
 from amk.schedule.ir import IMMUTABLE_KINDS, BufferKind, DType, Program
 from amk.vm.build import kernel_sources, source_dirs
-from amk.vm.loader import ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
+from amk.vm.loader import ERRORS, experiment_defines, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 # the emulator has no register limit: the wide attention score pass (instructions/attention.cuh),
@@ -45,11 +45,12 @@ def build(out_dir: Path) -> ctypes.CDLL:
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
         h.update(f.read_bytes())
-    h.update(" ".join(EMU_FLAGS).encode())
+    flags = EMU_FLAGS + tuple(f"-D{k}={v}" for k, v in experiment_defines().items())  # as the GPU build takes them
+    h.update(" ".join(flags).encode())
     lib = out_dir / f"amk_emu_{h.hexdigest()[:16]}.so"
     if not lib.exists():
         vm_dir, ins_dir = source_dirs()
-        cmd = [compiler(), *EMU_FLAGS, f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"),
+        cmd = [compiler(), *flags, f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"),
                "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     _LIB = ctypes.CDLL(str(lib))

@@ -81,6 +81,11 @@ GEMV_CASES = {
     "u4_long_k": GemvCase(rows=16, k=2048, quant="u4", group=64),
     # a row longer than one round of a lane group's loads (32 lanes x 8 vectors: 512 int8 > 256)
     "i8_two_rounds": GemvCase(rows=8, k=8192, quant="i8", group=128),
+    # a warp's rounds across several rows, one round a row and several (the pipelined loop's
+    # row ends: gemv.cuh amk_gemv_rows_pipe)
+    "many_rows": GemvCase(rows=300, k=256),
+    "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
+    "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
 }
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
