@@ -4,7 +4,7 @@ A population of schedules, each judged twice - by the frozen validator (`validat
 the independent execution oracle (`fuzz_oracle.judge`) - and counted per class:
 
   real              real lowerings: a zoo model x a random ScheduleConfig point (fusions,
-                    split_k, kv_splits, kv_block, SM assignment incl. explicit, quant
+                    split_k, kv_splits, kv_block, argmax_splits, SM assignment incl. explicit, quant
                     none/int8/int4, dtype, 2..16 queues, targets); the validator must accept
                     every one
   random-safe       random well-formed programs built safe (fuzz_random)
@@ -55,7 +55,7 @@ BASE_CONFIGS: tuple[dict, ...] = (
     dict(max_queues=4, fuse_norm=False, fuse_rope_append=False, fuse_residual=False, fuse_silu_mul=False),
     dict(max_queues=6, quant="int8", quant_group="channel", sm_assignment="round_robin"),
     dict(max_queues=4, quant="int4", quant_group=64, kv_splits=2, kv_block=16),
-    dict(max_queues=8, kv_splits=3, kv_block=8, fuse_silu_mul=False, gemv_tasks_per_matrix=2),
+    dict(max_queues=8, kv_splits=3, kv_block=8, fuse_silu_mul=False, gemv_tasks_per_matrix=2, argmax_splits=3),
     dict(max_queues=5, quant="int8", quant_group=32, split_k=2, fuse_norm=False, quant_lm_head=True),
     dict(max_queues=3, fuse_rope_append=False, fuse_residual=False, sm_assignment="round_robin", blocks_per_sm=2),
 )
@@ -134,6 +134,7 @@ def random_config(rng: random.Random) -> dict:
         split_k=rng.choice([1, 1, 1, 2, 3, 4]),
         kv_splits=rng.choice(["auto", 1, 2, 3, 4]),
         kv_block=rng.choice([8, 16, 64]),
+        argmax_splits=rng.choice(["auto", "auto", 2, 3]),
         sm_assignment=rng.choice(["lpt", "round_robin", "explicit"]),
         blocks_per_sm=rng.choice([1, 1, 2]),
         threads_per_block=rng.choice([128, 256, 512]),

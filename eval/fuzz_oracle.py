@@ -352,8 +352,9 @@ def _contract(p, rin: list[str], rout: list[str], wbuf: Optional[ir.Buffer]) -> 
         return {"o": one(p.splits * qn), "ml": one(p.splits * p.q_heads * 2), "y": one(qn)}
     if op in (Op.SILU_MUL, Op.ADD):
         return {"gate": one(p.n), "up": one(p.n), "a": one(p.n), "b": one(p.n), "y": one(p.n)}
-    if op == Op.ARGMAX:
-        return {"logits": one(p.n), "token": one(1)}
+    if op == Op.ARGMAX:  # PARTIAL: a slice -> its (max, index) pair; MERGE: n pairs -> the token
+        return {"logits": one(2 * p.n if p.mode == ir.ArgmaxMode.MERGE else p.n),
+                "token": one(2 if p.mode == ir.ArgmaxMode.PARTIAL else 1)}
     return {}
 
 

@@ -1,5 +1,6 @@
 // ARGMAX: token = first index of the maximum logit; NaN counts as the maximum, like
-// torch.argmax  (ir.ArgmaxParams)
+// torch.argmax  (ir.ArgmaxParams). A PARTIAL task scans a slice and writes its (max, index)
+// pair; a MERGE task picks the token from the slices' pairs (several blocks scan at once).
 #pragma once
 #include "common.cuh"
 #include "vec.cuh"
@@ -7,6 +8,8 @@
 #ifndef AMK_ARGMAX_UNROLL
 #define AMK_ARGMAX_UNROLL 4  // 16-byte loads in flight per thread
 #endif
+
+#define AMK_ARGMAX_NONE 0x7fffffff  // "no index yet": loses to any real one
 
 AMK_DEVICE bool amk_argmax_better(float a, int ia, float b, int ib) {
   const bool an = amk_isnan(a), bn = amk_isnan(b);
@@ -42,7 +45,7 @@ AMK_DEVICE int amk_argmax_vec(const AmkBuffer& xb, amk_i64 off, int n, float& be
         // replaces the best: take the first element (even -inf: all -inf gives index 0, as
         // torch), a larger value, or the first NaN. Selects, where the general comparison
         // branched per element: the op 32.3 -> 24.2 us (PERF_NOTES item 42)
-        const bool take = bi == n || val > best || (amk_isnan(val) && !amk_isnan(best));
+        const bool take = bi == AMK_ARGMAX_NONE || val > best || (amk_isnan(val) && !amk_isnan(best));
         best = take ? val : best;
         bi = take ? i : bi;
       }
@@ -67,34 +70,50 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
   int* red_i = (int*)(red + AMK_WARP_SIZE);
   const AmkOperand& x = amk_in(c, AMK_ROLE_LOGITS);
   const AmkBuffer& xb = amk_buf(c, x);
-  const int n = t.ip[AMK_P_N];
+  const int n = t.ip[AMK_P_N], mode = t.ip[AMK_P_ARGMAX_MODE];
   float best = amk_neg_inf();
-  int bi = n;  // sentinel: loses to any real index
-  int done = 0;  // elements covered by 16-byte vectors
-  if (x.count <= 1) {
-    if (xb.dtype == AMK_DTYPE_F32) done = amk_argmax_vec_if<AMK_DTYPE_F32>(xb, x.off, n, best, bi);
-    else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec_if<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
-    else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec_if<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
-  }
-  for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
-    const float v = amk_load(xb, amk_flat(x, i));
-    if (bi == n || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
+  int bi = AMK_ARGMAX_NONE;
+  if (mode == AMK_ARGMAXMODE_MERGE) {  // n (value, index) pairs: the index breaks ties
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+      const float v = amk_load(xb, amk_flat(x, 2 * k));
+      const int i = (int)amk_load(xb, amk_flat(x, 2 * k + 1));
+      if (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
+    }
+  } else {
+    int done = 0;  // elements covered by 16-byte vectors
+    if (x.count <= 1) {
+      if (xb.dtype == AMK_DTYPE_F32) done = amk_argmax_vec_if<AMK_DTYPE_F32>(xb, x.off, n, best, bi);
+      else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec_if<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
+      else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec_if<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
+    }
+    for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
+      const float v = amk_load(xb, amk_flat(x, i));
+      if (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
+    }
   }
   amk_trace_mark(c, 0);  // thread 0's scan done
 #pragma unroll
   for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) {
     const float ov = amk_shfl_xor(best, m);
     const int oi = amk_shfl_xor_int(bi, m);
-    if (oi != n && (bi == n || amk_argmax_better(ov, oi, best, bi))) best = ov, bi = oi;
+    if (oi != AMK_ARGMAX_NONE && (bi == AMK_ARGMAX_NONE || amk_argmax_better(ov, oi, best, bi))) best = ov, bi = oi;
   }
   if (amk_lane() == 0) red[amk_warp()] = best, red_i[amk_warp()] = bi;
   amk_syncthreads();
   amk_trace_mark(c, 1);  // every warp's best in
   if (threadIdx.x == 0) {
     for (int w = 1; w < amk_nwarps(); ++w)
-      if (red_i[w] != n && (red_i[0] == n || amk_argmax_better(red[w], red_i[w], red[0], red_i[0])))
+      if (red_i[w] != AMK_ARGMAX_NONE &&
+          (red_i[0] == AMK_ARGMAX_NONE || amk_argmax_better(red[w], red_i[w], red[0], red_i[0])))
         red[0] = red[w], red_i[0] = red_i[w];
     const AmkOperand& y = t.out[0];
-    amk_store_int(amk_buf(c, y), amk_flat(y, 0), red_i[0] == n ? 0 : red_i[0]);
+    const AmkBuffer& yb = amk_buf(c, y);
+    const int found = red_i[0] == AMK_ARGMAX_NONE ? 0 : red_i[0];
+    if (mode == AMK_ARGMAXMODE_PARTIAL) {  // (max, base + index), exact in fp32 (base + n <= 2^24)
+      amk_store(yb, amk_flat(y, 0), red[0]);
+      amk_store(yb, amk_flat(y, 1), (float)(t.ip[AMK_P_ARGMAX_BASE] + found));
+    } else {
+      amk_store_int(yb, amk_flat(y, 0), found);
+    }
   }
 }

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from amk.schedule.ir import (
     AddParams,
+    ArgmaxMode,
     ArgmaxParams,
     AttnCombineParams,
     AttnPartialParams,
@@ -211,8 +212,19 @@ def add(p: AddParams, a: Tensor, b: Tensor) -> Tensor:
 
 
 def argmax(p: ArgmaxParams, logits: Tensor) -> Tensor:
-    """First index of the max (an integer tensor: vocab ids above 2^24 are not fp32-exact)."""
-    return torch.argmax(_vec(logits)).reshape(1).to(torch.int32)
+    """First index of the max, a NaN maximal (an integer tensor: vocab ids above 2^24 are not
+    fp32-exact). PARTIAL: the slice's (max, base + index) as fp32; MERGE: `logits` holds n
+    (value, index) pairs, and the token is the smallest index among the largest values (or
+    among the NaNs), which is WHOLE's answer when the pairs are PARTIALs of disjoint slices."""
+    x = _vec(logits)
+    if p.mode == ArgmaxMode.MERGE:
+        values, index = x[0::2], x[1::2]
+        best = torch.isnan(values) if torch.isnan(values).any() else values == values.max()
+        return index[best].min().reshape(1).to(torch.int32)
+    i = torch.argmax(x)
+    if p.mode == ArgmaxMode.PARTIAL:
+        return torch.stack([x[i].to(F32), (i + p.base).to(F32)])
+    return i.reshape(1).to(torch.int32)
 
 
 def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor] = None, *, bias=None,

@@ -21,7 +21,8 @@ SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 
 # Fields that take 'auto' or an int in 1..max.
-_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS}
+_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS,
+                 "argmax_splits": 64}
 
 
 class ScheduleConfig(BaseModel):
@@ -49,6 +50,13 @@ class ScheduleConfig(BaseModel):
         "ATTN_PARTIAL task per (kv head, split), then one ATTN_COMBINE per kv head. 'auto' = "
         "floor(queues / kv_heads) (every partial on its own queue), capped by the splits the KV "
         "capacity can fill.",
+    )
+    argmax_splits: Union[Auto, int] = Field(
+        "auto",
+        description="Slices of the logits scanned by parallel PARTIAL argmax tasks, whose (max, index) "
+        "pairs one MERGE task reduces to the token (1..64; 1 = one task scans them all). 'auto' = "
+        "one slice per 8192 logits (one round of 16-byte loads per thread of a 256-thread block at "
+        "16-bit logits), at most the queues.",
     )
     kv_block: int = Field(
         16, ge=8, le=1024,

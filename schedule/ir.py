@@ -106,6 +106,14 @@ class KvMode(enum.IntEnum):
     PREFIX = 2
 
 
+class ArgmaxMode(enum.IntEnum):
+    """What an ARGMAX task reads and writes (ArgmaxParams)."""
+
+    WHOLE = 0  # logits -> token
+    PARTIAL = 1  # a slice of the logits -> its (max, index) pair
+    MERGE = 2  # the slices' pairs -> token
+
+
 class Scope(enum.IntEnum):
     """Memory scope of a counter's release (signal) and acquire (wait).
 
@@ -333,10 +341,19 @@ class AddParams(_Model):
 
 
 class ArgmaxParams(_Model):
-    """inputs: [logits (len n)]; outputs: [token (I32, len 1)]; first index of the max."""
+    """The first index of the maximum (a NaN is maximal), whole or in slices.
+
+    WHOLE: inputs [logits (len n)]; outputs [token (I32, len 1)].
+    PARTIAL: inputs [logits[base : base + n] (len n)]; outputs [pair (F32, len 2)] = (the
+    slice's maximum, base + its first index; exact in fp32: base + n <= 2^24).
+    MERGE: inputs [n pairs (F32, len 2n)]; outputs [token (I32, len 1)] = the index of the pair
+    with the largest value, ties (and NaNs) to the smallest index. The merge of PARTIALs over
+    disjoint slices is the WHOLE argmax, so one block's scan becomes several in parallel."""
 
     op: Literal[Op.ARGMAX] = Op.ARGMAX
     n: int
+    mode: ArgmaxMode = ArgmaxMode.WHOLE
+    base: int = 0
 
 
 Params = Annotated[
@@ -463,7 +480,7 @@ def dumps(obj: BaseModel) -> str:
 
 def enum_table() -> dict[str, dict[str, int]]:
     """Every ABI enum as {name: code}; what vm/abi.h must mirror."""
-    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode, Scope)}
+    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode, Scope, ArgmaxMode)}
 
 
 def capacity_table() -> dict[str, int]:

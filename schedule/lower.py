@@ -36,6 +36,7 @@ from amk.schedule.ir import (
     MAX_KV_SPLITS,
     MAX_QUEUES,
     AddParams,
+    ArgmaxMode,
     ArgmaxParams,
     AttnCombineParams,
     AttnPartialParams,
@@ -207,6 +208,8 @@ class _Lowering:
             self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill))
         else:
             self.kv_splits = cfg.kv_splits
+        a = cfg.argmax_splits
+        self.argmax_splits = min(-(-spec.vocab_size // 8192), self.n_queues, 64) if a == "auto" else a
 
         # q/k GEMV tasks with RoPE: whole heads, or runs of rope_rows rows (schedule/rope_rows.py),
         # sized so that the q/k tasks take at most their share (by rows) of the stage's slabs
@@ -565,8 +568,24 @@ class _Lowering:
         else:
             head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
         self.gemv_stage("lm_head", [_Mat("lm_head", head, into(logits))], xin, gamma)
-        self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(next_token)])])
+        self.argmax(logits, next_token)
         return self.program()
+
+    def argmax(self, logits: Buffer, token: Buffer) -> None:
+        """token = argmax(logits): one task, or PARTIAL tasks over slices (16-byte aligned for
+        the vector loads) and a MERGE of their (max, index) pairs."""
+        V, s = logits.numel, self.argmax_splits
+        if s == 1:
+            self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(token)])])
+            return
+        chunk = (-(-V // s) + 7) // 8 * 8  # ceil(V / s), rounded up to whole 16-byte vectors
+        starts = list(range(0, V, chunk))
+        pairs = self.buf("argmax.pairs", BufferKind.SCRATCH, DType.F32, [len(starts), 2])
+        self.group("argmax.partial", [
+            _Spec(f"argmax.partial{i}", ArgmaxParams(n=min(chunk, V - b), mode=ArgmaxMode.PARTIAL, base=b),
+                  [_op(logits, b, min(chunk, V - b))], [_op(pairs, 2 * i, 2)]) for i, b in enumerate(starts)])
+        self.group("argmax", [_Spec("argmax.merge", ArgmaxParams(n=len(starts), mode=ArgmaxMode.MERGE),
+                                    [_whole(pairs)], [_whole(token)])])
 
     def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer, x: Buffer, tmp: str) -> None:
         """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD."""
@@ -597,7 +616,7 @@ class _Lowering:
             "dtype": self.dtype.name,
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
-                         "xcds": self.xcds},
+                         "argmax_splits": self.argmax_splits, "xcds": self.xcds},
             "vm": {"prefetch_depth": cfg.prefetch_depth, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }

@@ -17,6 +17,7 @@ import torch
 
 from amk.instructions.semantics import pack_u4
 from amk.schedule.ir import (
+    ArgmaxMode,
     ArgmaxParams,
     AttnCombineParams,
     AttnPartialParams,
@@ -157,9 +158,10 @@ def quant_operands(b: Builder, w: Buffer, r0: int, rows: int, k_lo: int, k_hi: i
 
 # ----------------------------------------------------------------------------- programs
 def lm_head_program(vocab: int = 40, hidden: int = 24, *, tiles: int = 2, slabs: int = 3, queues: int = 3,
-                    eps: float = 1e-5, seed: int = 0):
+                    eps: float = 1e-5, seed: int = 0, argmax_slices: int = 1):
     """token -> EMBED (column tiles) -> RMSNORM (tiles) -> GEMV (vocab slabs, tied table)
-    -> logits, ARGMAX -> next_token."""
+    -> logits, ARGMAX -> next_token (or PARTIAL argmaxes over `argmax_slices` slices of the
+    logits, whose pairs a MERGE reduces)."""
     gen = torch.Generator().manual_seed(seed)
     b = Builder("lm_head", queues=queues)
     tok = b.buf("token", K.IO_INPUT, [1], DType.I32)
@@ -179,7 +181,17 @@ def lm_head_program(vocab: int = 40, hidden: int = 24, *, tiles: int = 2, slabs:
     for r0, rows in parts(vocab, slabs):
         b.task(GemvParams(rows=rows, k=hidden, k_hi=hidden), [weight_tile(table, r0, rows, hidden, 0, hidden), opd(xn)],
                [opd(logits, r0, rows)], stage=g, after=[n], name=f"head[{r0}]")
-    b.task(ArgmaxParams(n=vocab), [opd(logits)], [opd(nxt)], stage=a, after=[g], name="argmax")
+    if argmax_slices == 1:
+        b.task(ArgmaxParams(n=vocab), [opd(logits)], [opd(nxt)], stage=a, after=[g], name="argmax")
+    else:
+        slices = parts(vocab, argmax_slices)
+        pairs = b.buf("argmax_pairs", K.SCRATCH, [len(slices), 2])
+        for i, (r0, n) in enumerate(slices):
+            b.task(ArgmaxParams(n=n, mode=ArgmaxMode.PARTIAL, base=r0), [opd(logits, r0, n)], [opd(pairs, 2 * i, 2)],
+                   stage=a, after=[g], name=f"argmax[{r0}]")
+        m = b.stage("argmax_merge")
+        b.task(ArgmaxParams(n=len(slices), mode=ArgmaxMode.MERGE), [opd(pairs)], [opd(nxt)], stage=m, after=[a],
+               name="argmax_merge")
     tensors = {"embed": rand(vocab, hidden, gen=gen), "norm": 1 + 0.1 * rand(hidden, gen=gen)}
     return b.build(), tensors
 

@@ -10,8 +10,10 @@ import random
 import pytest
 import torch
 
+from amk.eval.shapes import shape_config
 from amk.schedule.config import ScheduleConfig
 from amk.schedule.ir import (
+    ArgmaxMode,
     DTYPE_BITS,
     IMMUTABLE_KINDS,
     MAX_INPUTS,
@@ -25,6 +27,7 @@ from amk.schedule.ir import (
     Program,
 )
 from amk.schedule.lower import bind_weights, lower, program_stats, rope_inv_freq, tiles
+from amk.schedule.importer import spec_from_hf_config
 from amk.schedule.modelspec import ModelSpec
 from amk.schedule.opspec import input_roles, output_roles
 from amk.schedule.quantize import dequantize, group_for, quantize_int4, quantize_int8
@@ -253,6 +256,21 @@ def test_fused_layer_is_six_hops():
     assert st["floor_us"] == pytest.approx(st["streamed_bytes"] / (H100.hbm_gbps * 1e3))
 
 
+def test_argmax_slices():
+    """'auto': one PARTIAL argmax per 8192 logits (16 for Llama-3's vocabulary), 16-byte aligned
+    slices that cover it, and their MERGE; 1: one WHOLE argmax."""
+    spec = spec_from_hf_config(shape_config("llama-3.2-1b"), name="1b")
+    p = lower(spec, ScheduleConfig(), H100, kv_capacity=64)
+    parts = [t.params for t in p.tasks if t.params.op == Op.ARGMAX and t.params.mode == ArgmaxMode.PARTIAL]
+    assert p.meta["resolved"]["argmax_splits"] == len(parts) == 16
+    assert [q.base for q in parts] == [sum(r.n for r in parts[:i]) for i in range(16)]
+    assert sum(q.n for q in parts) == spec.vocab_size and all(q.base % 8 == 0 for q in parts)
+    (merge,) = [t for t in p.tasks if t.params.op == Op.ARGMAX and t.params.mode == ArgmaxMode.MERGE]
+    assert merge.params.n == 16 and merge is p.tasks[-1]
+    one = lower(spec, ScheduleConfig(argmax_splits=1), H100, kv_capacity=64)
+    assert [t.params.mode for t in one.tasks if t.params.op == Op.ARGMAX] == [ArgmaxMode.WHOLE]
+
+
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
     assert p.meta["vm"] == {"prefetch_depth": 3, "gemv_unroll": "auto", "gemv_unroll_quant": "auto"}
@@ -303,6 +321,7 @@ FIELD_CHANGES = {
     "split_k": ({}, dict(split_k=2)),
     "kv_splits": ({}, dict(kv_splits=3)),
     "kv_block": ({}, dict(kv_block=64)),
+    "argmax_splits": ({}, dict(argmax_splits=3)),
     "sm_assignment": ({}, dict(sm_assignment="round_robin")),
     "explicit_queues": ("explicit0", "explicit1"),
     "blocks_per_sm": (dict(max_queues=None), dict(max_queues=None, blocks_per_sm=2)),
@@ -448,6 +467,7 @@ def test_rope_matches_hf_llama3_and_refuses_scaled_attention():
 E2E = [
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), {}),
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), UNFUSED),
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(argmax_splits=3)),  # PARTIALs + MERGE
     ("qwen2", dict(H=128, heads=4, kv=1, d=64, F=192, L=2, V=200, tied=True), dict(split_k=2, kv_splits=3, kv_block=8)),
     ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(split_k=4, **UNFUSED, sm_assignment="round_robin")),
     ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(fuse_norm=False, fuse_silu_mul=False)),

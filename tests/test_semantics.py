@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from amk.instructions import semantics as S
 from amk.schedule.ir import (
+    ArgmaxMode,
     ArgmaxParams,
     AttnCombineParams,
     AttnPartialParams,
@@ -214,3 +216,27 @@ def test_apply_reads_fp32_and_keeps_integers(gen):
     o, ml = S.apply(AttnPartialParams(head_dim=4, q_heads=1, splits=1, split=0, block=1, scale=0.5),
                     {"q": torch.randn(4), "k": torch.randn(1, 4), "v": torch.randn(1, 4), "pos": torch.tensor([0])})
     assert o.shape == (4,) and ml.shape == (2,)
+
+
+def test_argmax_partial_and_merge():
+    logits = torch.tensor([0.5, 3.0, -1.0, 3.0, 2.0, 7.0, 7.0])
+    p = ArgmaxParams(n=3, mode=ArgmaxMode.PARTIAL, base=2)
+    assert S.argmax(p, logits[2:5]).tolist() == [3.0, 3.0]  # (max, base + first index)
+    pairs = torch.tensor([7.0, 9.0, 3.0, 1.0, 7.0, 5.0])  # ties to the smallest index, whatever the order
+    assert S.argmax(ArgmaxParams(n=3, mode=ArgmaxMode.MERGE), pairs).tolist() == [5]
+    nan_pairs = torch.tensor([math.nan, 8.0, 7.0, 1.0, math.nan, 4.0])
+    assert S.argmax(ArgmaxParams(n=3, mode=ArgmaxMode.MERGE), nan_pairs).tolist() == [4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([-math.inf, -1.0, 0.0, 2.5, 2.5, 3.0, math.nan]), min_size=1, max_size=40),
+       st.integers(1, 8), st.randoms(use_true_random=False))
+def test_argmax_merge_of_partials_is_the_whole_argmax(values, slices, rnd):
+    """PARTIALs over any cut into slices, merged in any order, give WHOLE's token (ties and NaNs
+    included)."""
+    x = torch.tensor(values)
+    cuts = sorted({0, len(values), *(rnd.randrange(len(values) + 1) for _ in range(slices - 1))})
+    pairs = [S.argmax(ArgmaxParams(n=b - a, mode=ArgmaxMode.PARTIAL, base=a), x[a:b]) for a, b in zip(cuts, cuts[1:])]
+    rnd.shuffle(pairs)
+    merged = S.argmax(ArgmaxParams(n=len(pairs), mode=ArgmaxMode.MERGE), torch.cat(pairs))
+    assert merged.tolist() == S.argmax(ArgmaxParams(n=len(values)), x).tolist()

@@ -17,6 +17,7 @@ from amk.schedule.validate import validate
 from amk.schedule.compact import compact
 from amk.schedule.validator import fast
 from amk.schedule.validator.report import CHECK_GROUPS, Report
+from programs import lm_head_program
 
 
 @pytest.fixture(scope="module")
@@ -553,3 +554,20 @@ def test_fast_path_tables_shared_by_float_class():
     for bad in (0.0, -1e-5, float("inf"), float("nan")):
         prog = layered_program(layers=2, width=4, hidden=64, norm_eps=bad)
         assert fast.verify(compact(prog)) is None and not validate(prog).accepted
+
+
+def test_argmax_slices_rules():
+    """PARTIAL argmaxes (a slice -> its (max, index) pair in fp32) and their MERGE: accepted as
+    lowered; rejected by name when an index would not be fp32-exact, a pair count does not
+    match the pairs operand, a non-partial has a base, or a partial's pair goes to an integer
+    token (a WHOLE argmax's output)."""
+    prog, _ = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, argmax_slices=4)
+    assert validate(prog).accepted
+    d = prog.model_dump(mode="json")
+    for name, change, want in [("argmax[750]", {"base": (1 << 24) - 10}, {"params"}),
+                               ("argmax_merge", {"n": 3}, {"params"}),
+                               ("argmax_merge", {"base": 4}, {"params"}),
+                               ("argmax[750]", {"mode": int(ir.ArgmaxMode.WHOLE)}, {"params", "dtype"})]:
+        bad = json.loads(json.dumps(d))
+        _task(bad, name)["params"].update(change)
+        assert want <= _checks(bad), (name, change)

@@ -52,10 +52,12 @@ def test_embed_rmsnorm_gemv_argmax(emu):
     run_both(emu, *lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5), [(0, 0), (7, 0), (299, 0)])
 
 
+@pytest.mark.parametrize("slices", [1, 4])
 @pytest.mark.parametrize("case", list(ARGMAX_CASES))
-def test_argmax_ties_and_nan(emu, case):
-    """The first of several equal largest logits, or the first NaN, as torch.argmax."""
-    prog, t = argmax_program(case)
+def test_argmax_ties_and_nan(emu, case, slices):
+    """The first of several equal largest logits, or the first NaN, as torch.argmax; the same
+    from PARTIAL argmaxes over slices and their MERGE."""
+    prog, t = argmax_program(case, slices)
     ref, _ = run_both(emu, prog, t, [(ARGMAX_TOKEN, 0)])
     ties, nans = ARGMAX_CASES[case]
     assert int(ref.run_step(ARGMAX_TOKEN, 0)["next_token"]) == min(nans or ties)

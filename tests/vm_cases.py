@@ -98,8 +98,10 @@ ARGMAX_TOKEN = 5
 ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600], None), "nan": ([2999, 37], [1925, 901])}
 
 
-def argmax_program(case: str):
-    prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7)
+def argmax_program(case: str, slices: int = 1):
+    """The case's table; `slices` > 1: PARTIAL argmaxes over that many slices (4: the tied and
+    NaN rows fall in different slices, and 37 and 600 in one) and their MERGE."""
+    prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, argmax_slices=slices)
     table = t["embed"].clone()
     ties, nans = ARGMAX_CASES[case]
     table[ties] = 10 * table[ARGMAX_TOKEN]

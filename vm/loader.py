@@ -103,7 +103,7 @@ PARAM_INDEX = {
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
     "P_HEADS_HEAD_DIM": 0, "P_HEADS_HEADS": 1, "F_HEADS_EPS": 0,
-    "P_N": 0,
+    "P_N": 0, "P_ARGMAX_MODE": 1, "P_ARGMAX_BASE": 2,
     "P_ATTN_HEAD_DIM": 0, "P_ATTN_Q_HEADS": 1, "P_ATTN_SPLITS": 2, "P_ATTN_SPLIT": 3, "P_ATTN_BLOCK": 4,
     "P_ATTN_SCORE_CAP": 5, "F_ATTN_SCALE": 0,
 }
@@ -168,6 +168,8 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
             fp[_P("F_HEADS_EPS")] = p.eps
     elif op in (Op.KV_APPEND, Op.SILU_MUL, Op.ADD, Op.ARGMAX):
         ip[_P("P_N")] = p.n
+        if op == Op.ARGMAX:
+            ip[_P("P_ARGMAX_MODE")], ip[_P("P_ARGMAX_BASE")] = int(p.mode), p.base
     elif op in (Op.ATTN_PARTIAL, Op.ATTN_COMBINE):
         ip[_P("P_ATTN_HEAD_DIM")], ip[_P("P_ATTN_Q_HEADS")], ip[_P("P_ATTN_SPLITS")] = p.head_dim, p.q_heads, p.splits
         if op == Op.ATTN_PARTIAL:

@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from amk.schedule import ir
-from amk.schedule.ir import BufferKind as K, DType as D, Epilogue, KvMode, Op
+from amk.schedule.ir import ArgmaxMode, BufferKind as K, DType as D, Epilogue, KvMode, Op
 from amk.schedule.opspec import APPEND_EPILOGUES, ROPE_EPILOGUES, gemv_rows_width, input_roles, output_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator.report import Report
@@ -100,10 +100,16 @@ def operand_rules(p, w_buf: Optional[ir.Buffer]):
         need(p.n >= 1, "n must be positive")
         ins = [Rule(READABLE, FLOAT, length=p.n), Rule(READABLE, FLOAT, length=p.n)]
         outs = [Rule(WRITABLE, FLOAT, length=p.n)]
-    elif op == Op.ARGMAX:
+    elif op == Op.ARGMAX:  # the roles keep their names in every mode: "logits" in, "token" out
         need(p.n >= 1, "n must be positive")
-        ins = [Rule(READABLE, FLOAT, length=p.n)]
-        outs = [Rule(WRITABLE, INT, length=1)]
+        if p.mode == ArgmaxMode.PARTIAL:  # a slice -> its (max, index) pair; indices exact in fp32
+            need(0 <= p.base and p.base + p.n <= 1 << 24, "a partial argmax needs 0 <= base and base + n <= 2^24")
+            ins, outs = [Rule(READABLE, FLOAT, length=p.n)], [Rule(WRITABLE, frozenset({D.F32}), length=2)]
+        else:
+            need(p.base == 0, "base is only defined for a partial argmax")
+            width = 2 * p.n if p.mode == ArgmaxMode.MERGE else p.n  # MERGE: n (max, index) pairs
+            ins = [Rule(READABLE, frozenset({D.F32}) if p.mode == ArgmaxMode.MERGE else FLOAT, length=width)]
+            outs = [Rule(WRITABLE, INT, length=1)]
     else:  # pragma: no cover - the discriminated union admits nothing else
         ins, outs = [], []
         bad.append(f"unknown op {op}")
