@@ -18,6 +18,8 @@
 // that are not 16-byte aligned take element loads with the same lane layout. The P.V pass
 // accumulates AMK_ATTN_HB query heads at a time in registers; warps reduce across their row
 // groups with shuffles and across warps through shared memory in a fixed order (deterministic).
+// Over half-precision rows it keeps AMK_ATTN_PV_ROWS rows' vectors a lane in flight and
+// reduce-scatters the row groups instead (amk_attn_pv_wide).
 //
 // Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | mkey[QH] | wpart[nwarps*HB*hd] | cache[QH*cap]
 #pragma once
@@ -151,12 +153,15 @@ AMK_DEVICE void amk_attn_key_max(int key, int g, int* mkey) {
 #define AMK_ATTN_WIDE ((AMK_GEMV_WDTYPES) != 0x3f)
 #endif
 
-// Can the score pass give each lane 4 vectors (32 halves) of a K row? (Half-precision rows
-// read with vectors, head_dim a multiple of 32, whole-lane groups.)
-AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) {
-  const int g = K.C / 4;
-  return AMK_ATTN_WIDE && K.vec && K.bytes == 2 && K.C % 4 == 0 && g >= 1 && g <= AMK_WARP_SIZE && (g & (g - 1)) == 0;
+// Rows the wide passes take: half precision, read with vectors, head_dim a multiple of 32 so
+// that 4 vectors a lane make whole-lane groups (C / 4 a power of two, hence C one too).
+AMK_DEVICE bool amk_attn_wide_rows(const AmkKvRows& r) {
+  const int g = r.C / 4;
+  return r.vec && r.bytes == 2 && r.C % 4 == 0 && g >= 1 && g <= AMK_WARP_SIZE && (g & (g - 1)) == 0;
 }
+
+// Can the score pass give each lane 4 vectors (32 halves) of a K row?
+AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) { return AMK_ATTN_WIDE && amk_attn_wide_rows(K); }
 
 // amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row
 // (G = head_dim / 32 lanes per row: 2 at head_dim 64, one shuffle level), so a warp scores
@@ -253,10 +258,141 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
   }
 }
 
+// o[hb + hh] += the warps' partials wpart[w][hh] of a head block, summed in warp order.
+AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, int hd, int nw) {
+  constexpr int HB = AMK_ATTN_HB;
+  for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
+    const int hh = idx / hd, d = idx - hh * hd;
+    if (hb + hh >= qh) continue;
+    float s = 0.0f;
+    for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
+    o[(hb + hh) * hd + d] += s;
+  }
+}
+
+// The wide P.V pass (amk_attn_pv_wide) is on wherever the wide score pass is (the loader's
+// builds; the emulator turns both on), except in builds with U4 GEMV weights (dtype 5): there
+// it tips the sm_90 build from 24 / 88 to 40-68 / 108-184 bytes of spill (stores / loads)
+// even at 2 rows a lane, so kernel-wide values the register allocator evicts, not the pass's
+// own registers (eval/PERF_NOTES.md item 43). -DAMK_ATTN_PV_WIDE=0 gives the split layout for
+// every V row, =1 forces the wide pass in.
+#ifndef AMK_ATTN_PV_WIDE
+#define AMK_ATTN_PV_WIDE ((AMK_ATTN_WIDE) && (((AMK_GEMV_WDTYPES) >> 5) & 1) == 0)
+#endif
+#ifndef AMK_ATTN_PV_VECS
+#define AMK_ATTN_PV_VECS 1  // 16-byte vectors (8 dims) of a V row a lane owns in the wide P.V pass
+#endif
+#ifndef AMK_ATTN_PV_ROWS
+#define AMK_ATTN_PV_ROWS 8  // rows a lane has in flight per round of the wide P.V pass
+#endif
+
+// Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
+// build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
+AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
+  const unsigned u = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;
+  const unsigned short h = (unsigned short)(i & 1 ? u >> 16 : u & 0xffffu);
+  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_bf16_to_f32(h);
+  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_f16_to_f32(h);
+  else return amk_half_to_f32(dt, h);
+}
+
+// The wide P.V pass's reduce-scatter over a warp's row groups, levels m = M, M / 2, ..., G:
+// lanes m apart swap halves of their first 2 * H values and the lane with bit m set keeps
+// the upper half (its offset off grows by H); afterwards a lane's acc[i < n] is the sum over
+// the groups of value off + i. Fixed partners and order (deterministic); compile-time
+// indices only, so acc stays in registers.
+template <int H, int M>
+AMK_DEVICE void amk_attn_pv_scatter(float* acc, int G, int lane, int& off, int& n) {
+  if constexpr (H >= 1 && M >= 1) {
+    if (G > M) return;  // block-uniform
+    const bool upper = (lane & M) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = upper ? acc[i] : acc[i + H];
+      const float keep = upper ? acc[i + H] : acc[i];
+      acc[i] = keep + amk_shfl_xor(send, M);
+    }
+    off += upper ? H : 0;
+    n = H;
+    amk_attn_pv_scatter<H / 2, M / 2>(acc, G, lane, off, n);
+  }
+}
+
+// amk_attn_pv for half-precision rows (amk_attn_wide_rows): a lane owns a fixed slice of
+// NV * 8 dims (NV = AMK_ATTN_PV_VECS contiguous 16-byte vectors; G = C / NV lanes a row) and
+// loads U = AMK_ATTN_PV_ROWS rows of it per round, kept packed (4 registers a vector) until
+// they are used, so a warp has U * 32 / G rows in flight where the split layout had
+// AMK_ATTN_UNROLL * 32 / G: at head_dim 64, 8 warps, 256 rows a round instead of 96 (a split
+// of 512 rows at ctx 8192: 2 V round trips instead of 6). acc[hh * D + x] (D = NV * 8) holds
+// HB heads of the slice in fp32, summed over the lane's rows in a fixed order. The row groups
+// of a warp (lanes sub + g * G) are then combined by a reduce-scatter (amk_attn_pv_scatter),
+// so each lane ends with N / R sums (N = HB * D, R = warp size / G groups) after N (1 - 1 / R)
+// shuffles, where the split layout's butterfly of all values takes N log2(R) (at head_dim
+// 64: 24 shuffles a lane instead of 64). The warps' partials then go through shared memory
+// in order, as in the split layout (amk_attn_pv_warps).
+AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
+                                 float* wpart) {
+  constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
+  static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
+  static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
+  const int G = V.C / NV, R = AMK_WARP_SIZE / G, lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
+  const int grp = lane / G, sub = lane % G, hd = V.hd, step = nw * R;
+  const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
+  const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
+#pragma unroll 1
+  for (int hb = 0; hb < qh; hb += HB) {
+    float acc[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+#pragma unroll 1
+    for (int rw = warp * R; rw < tn; rw += step * U) {  // warp-uniform: shuffles below are safe
+      amk_u32x4 raw[U][NV];
+      const char* row = base + rw * pitch;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int jj = rw + u * step + grp;
+#pragma unroll
+        for (int c = 0; c < NV; ++c)
+          raw[u][c] = jj < tn ? amk_ld16(row + u * upitch + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (rw + u * step >= tn) break;  // warp-uniform: no row of this warp left
+        const int jj = rw + u * step + grp;
+        float pw[HB];
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) pw[hh] = jj < tn && hb + hh < qh ? p[(hb + hh) * cap + jj] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < NV; ++c)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float v = amk_attn_v16_half(raw[u][c], i, V.dt);
+#pragma unroll
+            for (int hh = 0; hh < HB; ++hh) acc[hh * D + c * 8 + i] += pw[hh] * v;
+          }
+      }
+    }
+    int off = 0, n = N;  // the warp's sums of values off .. off + n - 1 of this lane's slice
+    amk_attn_pv_scatter<N / 2, AMK_WARP_SIZE / 2>(acc, G, lane, off, n);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (i >= n) break;
+      const int idx = off + i, hh = idx / D, d = sub * D + idx % D;
+      wpart[(warp * HB + hh) * hd + d] = acc[i];
+    }
+    amk_syncthreads();
+    amk_attn_pv_warps(o, wpart, hb, qh, hd, nw);
+    amk_syncthreads();
+  }
+}
+
 // o[h] += sum_{jj < tn} p[h * cap + jj] * v_{jt + jj} for every q head; all threads, ends
 // with a barrier. wpart: nwarps * HB * hd words of scratch.
 AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
                             float* wpart) {
+#if AMK_ATTN_PV_WIDE
+  if (amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)) return amk_attn_pv_wide(V, p, cap, jt, tn, qh, o, wpart);
+#endif
   constexpr int U = AMK_ATTN_UNROLL, HB = AMK_ATTN_HB;
   const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps(), grp = lane / V.G, sub = lane % V.G;
   const int hd = V.hd, step = nw * V.R;
@@ -303,13 +439,7 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
       }
     }
     amk_syncthreads();
-    for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
-      const int hh = idx / hd, d = idx - hh * hd;
-      if (hb + hh >= qh) continue;
-      float s = 0.0f;
-      for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
-      o[(hb + hh) * hd + d] += s;
-    }
+    amk_attn_pv_warps(o, wpart, hb, qh, hd, nw);
     amk_syncthreads();
   }
 }

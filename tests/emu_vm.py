@@ -20,18 +20,28 @@ import torch
 
 from amk.schedule.ir import IMMUTABLE_KINDS, BufferKind, DType, Program
 from amk.vm.build import kernel_sources, source_dirs
-from amk.vm.loader import ERRORS, experiment_defines, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError
+from amk.vm.loader import (ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError,
+                           experiment_defines)
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
-# the emulator has no register limit: the wide attention score pass (instructions/attention.cuh),
-# which the every-dtype GPU build leaves out, is compiled in so that the tests run it
+# the emulator has no register limit: the wide attention score and P.V passes (instructions/attention.cuh),
+# which the every-dtype GPU build leaves out, are compiled in so that the tests run them
 EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
-             "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1")
+             "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1")
 _LIB: Optional[ctypes.CDLL] = None
 
 
 def compiler() -> Optional[str]:
     return shutil.which("g++")
+
+
+def emu_flags() -> list[str]:
+    """EMU_FLAGS with $AMK_VM_DEFINES applied as the loader applies it to GPU builds (e.g.
+    AMK_VM_DEFINES=AMK_ATTN_PV_WIDE=0 runs the tests on the split-layout P.V pass); a define
+    given there replaces EMU_FLAGS' own."""
+    extra = experiment_defines()
+    flags = [f for f in EMU_FLAGS if not (f.startswith("-D") and f[2:].partition("=")[0] in extra)]
+    return flags + [f"-D{k}={v}" for k, v in extra.items()]
 
 
 def build(out_dir: Path) -> ctypes.CDLL:
@@ -45,7 +55,7 @@ def build(out_dir: Path) -> ctypes.CDLL:
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
         h.update(f.read_bytes())
-    flags = EMU_FLAGS + tuple(f"-D{k}={v}" for k, v in experiment_defines().items())  # as the GPU build takes them
+    flags = emu_flags()
     h.update(" ".join(flags).encode())
     lib = out_dir / f"amk_emu_{h.hexdigest()[:16]}.so"
     if not lib.exists():

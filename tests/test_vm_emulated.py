@@ -25,6 +25,7 @@ from vm_cases import (
     GEMV_CASES,
     HALF_WEIGHT_CASES,
     PROMPT,
+    TORCH,
     argmax_program,
     cast_weights,
     close,
@@ -100,6 +101,44 @@ def test_attention_half_precision_kv(emu, head_dim, splits):
         ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1).to(ref.mem[ref._by_name[name].id].dtype))
         vm.tensors[name].copy_(hist.reshape(-1))
     close(vm.run_step(5, pos)["out"], ref.run_step(5, pos)["out"], f"bf16 KV attention, head_dim {head_dim}")
+
+
+# (head_dim, q heads a KV head, KV dtype, splits, position): the wide P.V pass (attention.cuh,
+# amk_attn_pv_wide) at 8 warps takes 2048 / head_dim rows a round (512 | 256 | 128), so each
+# case runs more than two rounds and a ragged last one; q heads 6 and 5 leave a head block
+# part empty, 8 makes two full ones; head_dim 32 with 8 q heads caps the cached scores at 1024
+# (vm/loader.py SCORE_CACHE_WORDS), so its split of 1201 rows takes two tiles
+PV_CASES = [(32, 8, DType.BF16, 1, 1200), (64, 6, DType.BF16, 1, 600), (64, 8, DType.F16, 2, 1100),
+            (128, 5, DType.BF16, 1, 300), (128, 4, DType.F16, 3, 700)]
+
+
+@pytest.mark.parametrize("head_dim,q_heads,dtype,splits,pos", PV_CASES)
+def test_attention_half_kv_pv_rounds(emu, head_dim, q_heads, dtype, splits, pos):
+    """The P.V pass over half-precision V rows, checked on the unnormalised partial sums
+    o_s = sum_j exp(t_j - m) v_j themselves: the K history is small, so every row's weight is
+    near 1 and a row, a head block or a lane's dims left out (or summed with the wrong
+    partner) is far outside the tolerance. Two runs of the step agree bit for bit (the
+    reduction has a fixed order)."""
+    cap, kv_heads = pos + 1, 2
+    prog, t = attention_program(heads=q_heads * kv_heads, kv_heads=kv_heads, head_dim=head_dim, splits=splits,
+                                block=16, capacity=cap, seed=head_dim + q_heads)
+    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": dtype}) if b.kind == BufferKind.KV_CACHE
+                                               else b for b in prog.buffers]})
+    # long splits take the emulator's threads seconds on a busy machine: a generous spin timeout
+    ref, vm = ReferenceVM(prog, t), emu(prog, t, spin_timeout_s=60.0)
+    gen = torch.Generator().manual_seed(head_dim * 7 + q_heads)
+    for name, scale in (("k_cache", 0.05), ("v_cache", 1.0)):
+        hist = (scale * torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen)).to(TORCH[dtype])
+        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1).to(ref.mem[ref._by_name[name].id].dtype))
+        vm.tensors[name].copy_(hist.reshape(-1))
+    what = f"{dtype.name} KV P.V, head_dim {head_dim}, {q_heads} q heads, {splits} splits"
+    want = ref.run_step(5, pos)["out"]
+    got = vm.run_step(5, pos)["out"]
+    close(vm.read_buffer("o_part"), ref.read_buffer("o_part"), what + ": partial sums")
+    close(vm.read_buffer("ml"), ref.read_buffer("ml"), what + ": (m, l)")
+    close(got, want, what)
+    again = vm.run_step(5, pos)["out"]
+    assert torch.equal(got, again), what + ": a second run differs"
 
 
 def test_silu_mul_and_add(emu):
