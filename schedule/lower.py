@@ -172,6 +172,11 @@ def _whole(buf: Buffer) -> Operand:
     return _op(buf, 0, buf.numel)
 
 
+# logits an ARGMAX slice scans ('auto' argmax_splits): one round of 16-byte loads for each
+# thread of a 256-thread block at 16-bit logits (eval/PERF_NOTES.md item 45)
+ARGMAX_SLICE = 8192
+
+
 class _Lowering:
     def __init__(self, spec: ModelSpec, cfg: ScheduleConfig, target: GpuTarget, kv_capacity: int,
                  native: Optional[Mapping[str, QuantizedWeight]] = None):
@@ -209,7 +214,7 @@ class _Lowering:
         else:
             self.kv_splits = cfg.kv_splits
         a = cfg.argmax_splits
-        self.argmax_splits = min(-(-spec.vocab_size // 8192), self.n_queues, 64) if a == "auto" else a
+        self.argmax_splits = min(-(-spec.vocab_size // ARGMAX_SLICE), self.n_queues, 64) if a == "auto" else a
 
         # q/k GEMV tasks with RoPE: whole heads, or runs of rope_rows rows (schedule/rope_rows.py),
         # sized so that the q/k tasks take at most their share (by rows) of the stage's slabs
@@ -575,7 +580,7 @@ class _Lowering:
         """token = argmax(logits): one task, or PARTIAL tasks over slices (16-byte aligned for
         the vector loads) and a MERGE of their (max, index) pairs."""
         V, s = logits.numel, self.argmax_splits
-        if s == 1:
+        if s == 1 or V > 1 << 24:  # a slice's pair holds its index as fp32, exact below 2^24
             self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(token)])])
             return
         chunk = (-(-V // s) + 7) // 8 * 8  # ceil(V / s), rounded up to whole 16-byte vectors
