@@ -14,8 +14,7 @@
 // of two, VEC elements per 16-byte load), so one warp covers 32/G rows at a time and every
 // lane keeps AMK_ATTN_UNROLL rows' loads in flight: the K and V bytes stream like the GEMV
 // weights do instead of one 2-byte load per lane and row. The score pass over half-precision
-// rows (the usual cache) gives a lane 4 vectors of a row instead (amk_attn_scores_wide), or with
-// -DAMK_ATTN_ROWLANE=1 up to 8 vectors of R rows, whole rows at head_dim 64 (amk_attn_scores_rowlane). Rows
+// rows (the usual cache) gives a lane 4 vectors of a row instead (amk_attn_scores_wide). Rows
 // that are not 16-byte aligned take element loads with the same lane layout. The P.V pass
 // accumulates AMK_ATTN_HB query heads at a time in registers; warps reduce across their row
 // groups with shuffles and across warps through shared memory in a fixed order (deterministic).
@@ -207,137 +206,12 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   }
 }
 
-// Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
-// build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
-AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
-  const unsigned u = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;
-  const unsigned short h = (unsigned short)(i & 1 ? u >> 16 : u & 0xffffu);
-  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_bf16_to_f32(h);
-  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_f16_to_f32(h);
-  else return amk_half_to_f32(dt, h);
-}
-
-// The score pass with whole K rows a lane (eval/PERF_NOTES.md items 31, 47, 48): -DAMK_ATTN_ROWLANE=1 takes
-// it wherever the wide pass would run (the rows amk_attn_wide_rows takes, with the build's half dtype),
-// 0 (the default) keeps the wide pass. A lane owns V = min(C, 8) 16-byte vectors of a row (up to 64
-// dims: a whole row at head_dim 32 / 64; GL = C / V lanes a row at 128 / 256) and
-// AMK_ATTN_ROWLANE_ROWS rows a pass: slot s = threadIdx.x / GL takes rows jp + s + r * (blockDim.x / GL),
-// r < R, all of their loads issued before any is used. A head's dot product is then eight
-// independent chains of 8 products a row (q read from shared memory with 16-byte loads, the
-// same address for every lane of a warp at GL = 1), no shuffles at head_dim <= 64. The sums are the
-// wide pass's, in its order: its lane g of a row holds dims [32 g, 32 g + 32) as four chains
-// summed (c0 + c1) + (c2 + c3), then a butterfly over g with partners G / 2, ..., 1 apart (G = C / 4);
-// here a lane of a row holds the groups g = sub and sub + GL, adds them (the butterfly's first
-// level) and shuffles the rest: the scores, keys and cached entries are bit for bit the wide
-// pass's. The maximum and the cache as there (amk_attn_key_max over the row groups, one
-// shared atomic per warp and head).
-#ifndef AMK_ATTN_ROWLANE
-#define AMK_ATTN_ROWLANE 0
-#endif
-#ifndef AMK_ATTN_ROWLANE_ROWS  // rows a lane has in flight per pass of the row-lane score pass: 2, but 1
-#if (AMK_GEMV_WDTYPES) != 0x3f && (((AMK_GEMV_WDTYPES) >> 5) & 1) != 0  // in the builds with U4 GEMV weights,
-#define AMK_ATTN_ROWLANE_ROWS 1  // where 2 take the sm_90 build from 24 / 88 to 76 / 220 B of spill
-#else                            // (stores / loads); 1 keeps 24 / 88
-#define AMK_ATTN_ROWLANE_ROWS 2
-#endif
-#endif
-
-// The heads of one pass over N rows a lane (raw[0 .. N-1]; the warp's rows r >= N are past jb):
-// j0 is the lane's row for r = 0, rs the distance to its row for r + 1.
-template <int N, int R>
-AMK_DEVICE void amk_attn_rowlane_heads(const AmkKvRows& K, const amk_u32x4 (&raw)[R][8], const float* qs, int j0,
-                                       int rs, int ja, int jb, int qh, float scale, int qdt, int* mkey, float* cache,
-                                       int cap, int V, int GL, int sub) {
-  const int hd = K.hd;
-#pragma unroll 1
-  for (int h = 0; h < qh; ++h) {
-    const float* q = qs + h * hd + sub * 32;
-    float part[N][8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-#pragma unroll
-      for (int r = 0; r < N; ++r) part[r][c] = 0.0f;
-      if (c >= V) continue;  // uniform: V is 4 or 8
-      const float* qc = q + (c < 4 ? c * 8 : GL * 32 + (c - 4) * 8);
-      const float4 qa = *(const float4*)qc, qb = *(const float4*)(qc + 4);
-      const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-      for (int r = 0; r < N; ++r)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) part[r][c] += qv[i] * amk_attn_v16_half(raw[r][c], i, K.dt);
-    }
-    int key = AMK_ATTN_NO_KEY;
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-      float t = (part[r][0] + part[r][1]) + (part[r][2] + part[r][3]);
-      if (V == 8) t += (part[r][4] + part[r][5]) + (part[r][6] + part[r][7]);
-      for (int m = GL / 2; m > 0; m >>= 1) t += amk_shfl_xor(t, m);
-      t = amk_attn_scaled(t, scale, qdt);
-      const int j = j0 + r * rs;
-      if (j < jb) {
-        const int k = amk_order_key(t);
-        key = k > key ? k : key;
-        if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t;
-      }
-    }
-    if (mkey != nullptr) amk_attn_key_max(key, GL, &mkey[h]);
-  }
-}
-
-// The heads for the warp's first n rows a lane (1 <= n <= N), with N - n + 1 compiled bodies.
-template <int N, int R>
-AMK_DEVICE void amk_attn_rowlane_rows(int n, const AmkKvRows& K, const amk_u32x4 (&raw)[R][8], const float* qs,
-                                      int j0, int rs, int ja, int jb, int qh, float scale, int qdt, int* mkey,
-                                      float* cache, int cap, int V, int GL, int sub) {
-  if constexpr (N > 1) {
-    if (n < N)
-      return amk_attn_rowlane_rows<N - 1, R>(n, K, raw, qs, j0, rs, ja, jb, qh, scale, qdt, mkey, cache, cap, V, GL,
-                                             sub);
-  }
-  amk_attn_rowlane_heads<N, R>(K, raw, qs, j0, rs, ja, jb, qh, scale, qdt, mkey, cache, cap, V, GL, sub);
-}
-
-AMK_DEVICE void amk_attn_scores_rowlane(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
-                                        int qdt, int* mkey, float* cache, int cap) {
-  constexpr int R = AMK_ATTN_ROWLANE_ROWS;
-  static_assert(R >= 1 && R <= 8, "AMK_ATTN_ROWLANE_ROWS: 1 to 8 rows a lane");
-  const int V = K.C < 8 ? K.C : 8, GL = K.C / V;  // vectors a lane holds of a row; lanes a row (a power of two)
-  const int sub = threadIdx.x % GL, rs = blockDim.x / GL;  // rs: rows a pass per r; a pass: R * rs rows
-  const int wrow = amk_warp() * (AMK_WARP_SIZE / GL), slot = threadIdx.x / GL;  // warp's first row, lane's row
-  // vector c of the lane's row: dims of group sub (c < 4) or of group sub + GL (c >= 4), 32 halves a group
-  const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
-  const amk_i64 pitch = K.width * 2;
-#pragma unroll 1
-  for (int jp = ja; jp < jb; jp += R * rs) {  // block-uniform
-    if (jp + wrow >= jb) break;  // warp-uniform: no row of this warp in this pass or a later one
-    const int j0 = jp + slot;
-    amk_u32x4 raw[R][8];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int j = j0 + r * rs;
-      const char* row = base + (amk_i64)j * pitch;
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-        raw[r][c] = j < jb && c < V ? amk_ld16(row + (c < 4 ? c * 16 : GL * 64 + (c - 4) * 16))
-                                    : amk_u32x4{0u, 0u, 0u, 0u};
-    }
-    int n = 1;  // the warp's rows a lane in this pass: r < n have one (warp-uniform)
-    while (n < R && jp + wrow + n * rs < jb) ++n;
-    amk_attn_rowlane_rows<R, R>(n, K, raw, qs, j0, rs, ja, jb, qh, scale, qdt, mkey, cache, cap, V, GL, sub);
-  }
-}
-
 // Scores of rows [ja, jb) for every q head, all warps. Pass 1 (mkey != nullptr): atomic max
 // into mkey[h], rows j - ja < cap cached at cache[h * cap + j - ja]; a recompute pass
 // (mkey == nullptr): every row cached the same way.
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
-#if AMK_ATTN_ROWLANE
-  if (amk_attn_wide_ok(K) && AMK_WITH_DTYPE(K.dt))
-    return amk_attn_scores_rowlane(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
-#else
   if (amk_attn_wide_ok(K)) return amk_attn_scores_wide(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
-#endif
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
@@ -411,6 +285,16 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 #ifndef AMK_ATTN_PV_ROWS
 #define AMK_ATTN_PV_ROWS 8  // rows a lane has in flight per round of the wide P.V pass
 #endif
+
+// Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
+// build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
+AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
+  const unsigned u = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;
+  const unsigned short h = (unsigned short)(i & 1 ? u >> 16 : u & 0xffffu);
+  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_bf16_to_f32(h);
+  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_f16_to_f32(h);
+  else return amk_half_to_f32(dt, h);
+}
 
 // The wide P.V pass's reduce-scatter over a warp's row groups, levels m = M, M / 2, ..., G:
 // lanes m apart swap halves of their first 2 * H values and the lane with bit m set keeps

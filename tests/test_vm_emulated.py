@@ -141,59 +141,6 @@ def test_attention_half_kv_pv_rounds(emu, head_dim, q_heads, dtype, splits, pos)
     assert torch.equal(got, again), what + ": a second run differs"
 
 
-# The row-lane score pass (attention.cuh, amk_attn_scores_rowlane; a GPU build takes it with
-# AMK_VM_DEFINES=AMK_ATTN_ROWLANE=1): a lane owns up to 64 dims of a K row and R rows a pass
-# (AMK_ATTN_ROWLANE_ROWS), so at 8 warps a pass is 256 R rows at head_dim 32 / 64 (a lane a row)
-# and 128 R at 128 (two lanes a row). (head_dim, q heads a KV head, KV dtype, splits, position,
-# R): every split takes several passes and a ragged last one (warps with rows for r = 0 only,
-# or none at all), and the score cache is capped (1024 / q heads words), so pass 2 recomputes
-# tiles with the same code.
-ROWLANE_CASES = [(64, 4, DType.BF16, 1, 1300, 2), (128, 4, DType.F16, 1, 700, 2), (32, 8, DType.BF16, 2, 1500, 2),
-                 (64, 6, DType.BF16, 1, 600, 1), (128, 5, DType.BF16, 2, 900, 1)]
-
-
-@pytest.fixture(scope="module")
-def emu_rowlane(tmp_path_factory):
-    out = tmp_path_factory.mktemp("emu_rowlane")
-
-    def make(rows, prog, tensors, **kw):
-        lib = build(out, {"AMK_ATTN_ROWLANE": 1, "AMK_ATTN_ROWLANE_ROWS": rows})
-        return EmuVM(prog, tensors, lib, **kw)
-
-    return make
-
-
-@pytest.mark.parametrize("head_dim,q_heads,dtype,splits,pos,rows", ROWLANE_CASES)
-def test_attention_rowlane_scores(emu, emu_rowlane, head_dim, q_heads, dtype, splits, pos, rows):
-    """The row-lane score pass against the ReferenceVM on the unnormalised partial sums and
-    (m, l) (a small K history: every row weighs ~1, so a row left out, or a head scored with
-    another's q, is far outside the tolerance), and against the wide score pass of the default
-    build bit for bit: the same sums in the same order, so the same scores, maxima and cache."""
-    cap, kv_heads = pos + 1, 2
-    prog, t = attention_program(heads=q_heads * kv_heads, kv_heads=kv_heads, head_dim=head_dim, splits=splits,
-                                block=16, capacity=cap, seed=head_dim + q_heads + rows)
-    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": dtype}) if b.kind == BufferKind.KV_CACHE
-                                               else b for b in prog.buffers]})
-    ref, vm = ReferenceVM(prog, t), emu_rowlane(rows, prog, t, spin_timeout_s=60.0)
-    wide = emu(prog, t, spin_timeout_s=60.0)
-    gen = torch.Generator().manual_seed(head_dim * 5 + q_heads + rows)
-    for name, scale in (("k_cache", 0.05), ("v_cache", 1.0)):
-        hist = (scale * torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen)).to(TORCH[dtype])
-        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1).to(ref.mem[ref._by_name[name].id].dtype))
-        vm.tensors[name].copy_(hist.reshape(-1))
-        wide.tensors[name].copy_(hist.reshape(-1))
-    what = f"row-lane scores, {rows} rows a lane, {dtype.name} KV, head_dim {head_dim}, {q_heads} q heads"
-    want = ref.run_step(5, pos)["out"]
-    got = vm.run_step(5, pos)["out"]
-    close(vm.read_buffer("o_part"), ref.read_buffer("o_part"), what + ": partial sums")
-    close(vm.read_buffer("ml"), ref.read_buffer("ml"), what + ": (m, l)")
-    close(got, want, what)
-    other = wide.run_step(5, pos)["out"]
-    for name in ("o_part", "ml"):
-        assert torch.equal(vm.read_buffer(name), wide.read_buffer(name)), f"{what}: {name} differs from the wide pass"
-    assert torch.equal(got, other), what + ": differs from the wide pass"
-
-
 def test_silu_mul_and_add(emu):
     run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
 
