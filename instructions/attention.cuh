@@ -274,7 +274,7 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 // builds; the emulator turns both on), except in builds with U4 GEMV weights (dtype 5): there
 // it tips the sm_90 build from 24 / 88 to 40-68 / 108-184 bytes of spill (stores / loads)
 // even at 2 rows a lane, so kernel-wide values the register allocator evicts, not the pass's
-// own registers (eval/PERF_NOTES.md item 43). -DAMK_ATTN_PV_WIDE=0 gives the split layout for
+// own registers (eval/PERF_NOTES.md item 44). -DAMK_ATTN_PV_WIDE=0 gives the split layout for
 // every V row, =1 forces the wide pass in.
 #ifndef AMK_ATTN_PV_WIDE
 #define AMK_ATTN_PV_WIDE ((AMK_ATTN_WIDE) && (((AMK_GEMV_WDTYPES) >> 5) & 1) == 0)
