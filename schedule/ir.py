@@ -480,7 +480,8 @@ def dumps(obj: BaseModel) -> str:
 
 def enum_table() -> dict[str, dict[str, int]]:
     """Every ABI enum as {name: code}; what vm/abi.h must mirror."""
-    return {e.__name__: {m.name: int(m.value) for m in e} for e in (DType, BufferKind, Op, Epilogue, KvMode, Scope, ArgmaxMode)}
+    enums = (DType, BufferKind, Op, Epilogue, KvMode, Scope, ArgmaxMode)
+    return {e.__name__: {m.name: int(m.value) for m in e} for e in enums}
 
 
 def capacity_table() -> dict[str, int]:
