@@ -2,9 +2,12 @@
 # the `amk` package without installing it (the top-level folders are amk's subpackages).
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 SITE=/tmp/amk_site
-if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1 && [ ! -d "$SITE/pydantic" ]; then
+# (re)installed whenever the set of carried wheels differs from the one installed last on this
+# machine, so a wheel added while the machine stays warm is installed too
+WHEELS=$(cd "$ROOT" && ls .whl/*.whl 2>/dev/null | sort | tr '\n' ' ')
+if [ -n "$WHEELS" ] && [ "$(cat "$SITE/.amk_wheels" 2>/dev/null)" != "$WHEELS" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$ROOT"/.whl/*.whl \
-    || echo "warning: wheel install failed"
+    && echo "$WHEELS" > "$SITE/.amk_wheels" || echo "warning: wheel install failed"
 fi
 SHIM=/tmp/amk_shim
 mkdir -p "$SHIM/amk"
