@@ -53,7 +53,7 @@ def test_embed_rmsnorm_gemv_argmax(emu):
     run_both(emu, *lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5), [(0, 0), (7, 0), (299, 0)])
 
 
-@pytest.mark.parametrize("slices", [1, 4])
+@pytest.mark.parametrize("slices", [1, 4, 300])
 @pytest.mark.parametrize("case", list(ARGMAX_CASES))
 def test_argmax_ties_and_nan(emu, case, slices):
     """The first of several equal largest logits, or the first NaN, as torch.argmax; the same

@@ -95,12 +95,13 @@ HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_n
 # and 4-float vectors, 37 and 2085 are thread 9's vectors 0 and 2; 901 and 1925 are thread
 # 225's 0 and 1). Token 5's row is the direction.
 ARGMAX_TOKEN = 5
-ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600], None), "nan": ([2999, 37], [1925, 901])}
+ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600, 2597], None), "nan": ([2999, 37], [1925, 901])}
 
 
 def argmax_program(case: str, slices: int = 1):
     """The case's table; `slices` > 1: PARTIAL argmaxes over that many slices (4: the tied and
-    NaN rows fall in different slices, and 37 and 600 in one) and their MERGE."""
+    NaN rows fall in different slices, and 37 and 600 in one; 300: slices of 10, so the MERGE's
+    thread 3 holds pairs 3 and 259, both tied: 37 and 2597) and their MERGE."""
     prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, argmax_slices=slices)
     table = t["embed"].clone()
     ties, nans = ARGMAX_CASES[case]
