@@ -289,11 +289,9 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 // Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
 // build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
 AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
-  const unsigned u = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;
-  const unsigned short h = (unsigned short)(i & 1 ? u >> 16 : u & 0xffffu);
-  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_bf16_to_f32(h);
-  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_f16_to_f32(h);
-  else return amk_half_to_f32(dt, h);
+  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return AmkWFmt<AMK_DTYPE_BF16>::get(v, i);
+  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return AmkWFmt<AMK_DTYPE_F16>::get(v, i);
+  else return amk_v16_get(v, i, dt);
 }
 
 // The wide P.V pass's reduce-scatter over a warp's row groups, levels m = M, M / 2, ..., G:

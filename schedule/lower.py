@@ -215,6 +215,8 @@ class _Lowering:
             self.kv_splits = cfg.kv_splits
         a = cfg.argmax_splits
         self.argmax_splits = min(-(-spec.vocab_size // ARGMAX_SLICE), self.n_queues, 64) if a == "auto" else a
+        if spec.vocab_size > 1 << 24:  # a slice's pair holds its index as fp32, exact below 2^24
+            self.argmax_splits = 1
 
         # q/k GEMV tasks with RoPE: whole heads, or runs of rope_rows rows (schedule/rope_rows.py),
         # sized so that the q/k tasks take at most their share (by rows) of the stage's slabs
@@ -580,16 +582,16 @@ class _Lowering:
         """token = argmax(logits): one task, or PARTIAL tasks over slices (16-byte aligned for
         the vector loads) and a MERGE of their (max, index) pairs."""
         V, s = logits.numel, self.argmax_splits
-        if s == 1 or V > 1 << 24:  # a slice's pair holds its index as fp32, exact below 2^24
+        if s == 1:
             self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(token)])])
             return
         chunk = (-(-V // s) + 7) // 8 * 8  # ceil(V / s), rounded up to whole 16-byte vectors
-        starts = list(range(0, V, chunk))
-        pairs = self.buf("argmax.pairs", BufferKind.SCRATCH, DType.F32, [len(starts), 2])
+        slices = [(b, min(chunk, V - b)) for b in range(0, V, chunk)]
+        pairs = self.buf("argmax.pairs", BufferKind.SCRATCH, DType.F32, [len(slices), 2])
         self.group("argmax.partial", [
-            _Spec(f"argmax.partial{i}", ArgmaxParams(n=min(chunk, V - b), mode=ArgmaxMode.PARTIAL, base=b),
-                  [_op(logits, b, min(chunk, V - b))], [_op(pairs, 2 * i, 2)]) for i, b in enumerate(starts)])
-        self.group("argmax", [_Spec("argmax.merge", ArgmaxParams(n=len(starts), mode=ArgmaxMode.MERGE),
+            _Spec(f"argmax.partial{i}", ArgmaxParams(n=n, mode=ArgmaxMode.PARTIAL, base=b),
+                  [_op(logits, b, n)], [_op(pairs, 2 * i, 2)]) for i, (b, n) in enumerate(slices)])
+        self.group("argmax", [_Spec("argmax.merge", ArgmaxParams(n=len(slices), mode=ArgmaxMode.MERGE),
                                     [_whole(pairs)], [_whole(token)])])
 
     def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer, x: Buffer, tmp: str) -> None:
