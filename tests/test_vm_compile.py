@@ -219,3 +219,19 @@ def test_experiment_defines_parse_and_refuse(monkeypatch):
         monkeypatch.setenv("AMK_VM_DEFINES", bad)
         with pytest.raises(ValueError, match="AMK_VM_DEFINES"):
             experiment_defines()
+
+
+def test_cli_builds_defines_and_spill_report(monkeypatch, capsys):
+    """`python -m amk.vm.compile_check 90 --build int4 -D NAME=INT`: the loader's defines for
+    that build plus the extra one, and the spill bytes printed; bad arguments exit 2."""
+    seen = {}
+
+    def fake(arch, threads=compile_check.DEFAULT_THREADS, defines=None):
+        seen[arch] = dict(defines)
+        return False, "ptxas warning : 56 bytes spill stores, 176 bytes spill loads"
+
+    monkeypatch.setattr(compile_check, "nvcc_compile", fake)
+    assert compile_check.main(["sm_90", "--build", "int4", "-D", "AMK_ATTN_PV_WIDE=1"]) == 1
+    assert seen == {90: {**compile_check.SPECIALIZED["int4"], "AMK_ATTN_PV_WIDE": 1}}
+    assert "sm_90 int4 AMK_ATTN_PV_WIDE=1: FAILED\n  spill stores 56 B, spill loads 176 B" in capsys.readouterr().out
+    assert compile_check.main(["x9"]) == 2 and compile_check.main(["90", "-D", "AMK_X=y"]) == 2

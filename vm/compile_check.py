@@ -2,9 +2,11 @@
 
     python -m amk.vm.compile_check            # sm_80, sm_90, sm_120
     python -m amk.vm.compile_check 90         # one arch
+    python -m amk.vm.compile_check 90 --build int4 -D AMK_ATTN_PV_WIDE=1   # a loader build, a define
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
-block size (256 threads). tests/test_vm_compile.py runs the same check.
+block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
+eval/PERF_NOTES.md gives). tests/test_vm_compile.py runs the same check.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ DEFAULT_THREADS = 256
 # of ir.DType codes): some tunables (AMK_ATTN_UNROLL) take more registers there than in the
 # every-dtype build above, so these are checked for spills too
 SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04},  # F32, BF16, I32; BF16 weights
+               "int8": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10},  # F32, BF16, I32, I8; I8 weights
                "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20}}  # F32, BF16, I32, U4; U4 weights
 
 
@@ -77,21 +80,31 @@ def report(results) -> int:
         print(f"{label}: {'ok' if ok else 'FAILED'}")
         if not ok:
             failed += 1
-            print(out)
+            spills = spill_bytes(ok, out)
+            print(f"  spill stores {spills[0]} B, spill loads {spills[1]} B" if spills else out)
     return 1 if failed else 0
 
 
 def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(f"usage: python -m amk.vm.compile_check [sm_NN ...]  (default: {' '.join(f'sm_{a}' for a in ARCHS)})\n\n"
-              + (__doc__ or "").strip())
-        return 0
-    bad = [a for a in argv if not a.removeprefix("sm_").isdigit()]
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m amk.vm.compile_check", description=(__doc__ or "").strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("archs", nargs="*", metavar="sm_NN", help=f"default: {' '.join(f'sm_{a}' for a in ARCHS)}")
+    ap.add_argument("--build", choices=["generic", *SPECIALIZED], default="generic",
+                    help="the every-dtype build, or one the loader makes for a program's dtypes")
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="AMK_NAME=INT",
+                    help="an extra integer define (as $AMK_VM_DEFINES gives the loader's builds)")
+    a = ap.parse_args(argv)
+    bad = [x for x in a.archs if not x.removeprefix("sm_").isdigit()]
+    bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
     if bad:
-        print(f"error: not an architecture: {' '.join(bad)} (expected e.g. sm_90)", file=sys.stderr)
+        print(f"error: not an architecture or NAME=INT: {' '.join(bad)}", file=sys.stderr)
         return 2
-    archs = [int(a.removeprefix("sm_")) for a in argv] or list(ARCHS)
-    return report((f"sm_{arch}", *nvcc_compile(arch)) for arch in archs)
+    defines = {**SPECIALIZED.get(a.build, {}), **{k: int(v) for k, _, v in (d.partition("=") for d in a.define)}}
+    archs = [int(x.removeprefix("sm_")) for x in a.archs] or list(ARCHS)
+    tag = "" if a.build == "generic" and not a.define else f" {a.build} {' '.join(a.define)}".rstrip()
+    return report((f"sm_{arch}{tag}", *nvcc_compile(arch, defines=defines)) for arch in archs)
 
 
 if __name__ == "__main__":
