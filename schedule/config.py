@@ -105,6 +105,14 @@ class ScheduleConfig(BaseModel):
         description="VM knob (program.meta['vm']): how many upcoming tasks' weights a block "
         "starts loading before waiting on the current task's activations (0 = none).",
     )
+    prefetch_kb: int = Field(
+        64, ge=1, le=8192,
+        description="VM knob (program.meta['vm'], a build define): at most this many KiB of a task's "
+        "weights are hinted into L2 while its block waits (the first rounds of its loads). More "
+        "fills the memory system's queues with hints that the latency-bound stages' loads then "
+        "wait behind: the whole slab (8192) measured Llama-3.1-8B 7.00 -> 6.80 ms at 64 "
+        "(eval/PERF_NOTES.md item 49).",
+    )
 
     gemv_unroll: Union[Auto, int] = Field(
         "auto",

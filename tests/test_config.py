@@ -30,7 +30,7 @@ def test_defaults_and_schema():
     ("blocks_per_sm", 0), ("blocks_per_sm", 9),
     ("max_queues", 0), ("max_queues", 1025),
     ("threads_per_block", 32), ("threads_per_block", 100), ("threads_per_block", 2048),
-    ("prefetch_depth", -1), ("prefetch_depth", 5),
+    ("prefetch_depth", -1), ("prefetch_depth", 5), ("prefetch_kb", 0), ("prefetch_kb", 8193),
     ("fuse_norm", "sometimes"),
     ("quant", "fp8"), ("quant_group", 16), ("quant_group", 256),
     ("quant_unpack", -1), ("quant_unpack", 4),

@@ -374,7 +374,8 @@ class CudaVM:
             defines = dict(self.packed.defines) if specialize else {}
             if self.trace_enabled:
                 defines["AMK_TRACE"] = 1
-            for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q")):
+            for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
+                                 ("prefetch_kb", "AMK_PREFETCH_KB")):
                 if isinstance(vm_meta.get(knob), int):  # else the architecture's default
                     defines[define] = vm_meta[knob]
             defines.update(experiment_defines())
