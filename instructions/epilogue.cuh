@@ -10,22 +10,55 @@
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 
+// The epilogue operands that do not depend on the rows: the residual (ADD), the bias, the
+// RoPE frequencies and the position. The GEMV prologue stages them in shared memory with its
+// own loads (amk_epi_stage_*), so that the epilogue makes no dependent global load after the
+// rows: each was an L2 round trip taken while the other SMs stream weights. Words:
+// residual[n_res] | bias[n_bias] | inv_freq[n_freq] | pos (an int's bits, if has_pos).
+struct AmkEpiStage {
+  int n_res, n_bias, n_freq, has_pos;
+  AMK_DEVICE int values() const { return n_res + n_bias + n_freq; }
+  AMK_DEVICE int words() const { return values() + has_pos; }
+};
+
+AMK_DEVICE AmkEpiStage amk_epi_stage_of(const AmkTask& t) {
+  const int ep = t.ip[AMK_P_EPILOGUE], rows = t.ip[AMK_P_ROWS];
+  const bool rope = ep == AMK_EPILOGUE_ROPE || ep == AMK_EPILOGUE_ROPE_APPEND;
+  AmkEpiStage s;
+  s.n_res = ep == AMK_EPILOGUE_ADD ? rows : 0;
+  s.n_bias = t.ip[AMK_P_HAS_BIAS] != 0 ? rows : 0;
+  s.n_freq = rope ? t.ip[AMK_P_HEAD_DIM] / 2 : 0;
+  s.has_pos = rope || ep == AMK_EPILOGUE_APPEND ? 1 : 0;
+  return s;
+}
+
+// Staged word i < s.words(), read from its operand (the position as an int's bits).
+AMK_DEVICE float amk_epi_stage_word(const AmkCtx& c, const AmkEpiStage& s, int i) {
+  if (i < s.n_res) return amk_in_at(c, amk_in(c, AMK_ROLE_RESIDUAL), i);
+  if (i < s.n_res + s.n_bias) return amk_in_at(c, amk_in(c, AMK_ROLE_BIAS), i - s.n_res);
+  if (i < s.values()) return amk_in_at(c, amk_in(c, AMK_ROLE_INV_FREQ), i - s.n_res - s.n_bias);
+  return __int_as_float(amk_read_pos(c, amk_in(c, AMK_ROLE_POS)));
+}
+
 // acc: rows*m fp32 accumulators in shared memory (element (r, j) at r*m + j, j=0 gate or
 // plain, j=1 up), written by this block and complete (a barrier precedes the call).
+// staged: the operands amk_epi_stage_of names, in shared memory, or nullptr (read them here).
 // All threads call it. May rewrite acc in place (bias add, head norm).
-AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
+AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float* staged) {
   const AmkTask& t = *c.t;
   const int ep = t.ip[AMK_P_EPILOGUE];
   const AmkOperand& y = t.out[0];
   const AmkBuffer& yb = amk_buf(c, y);
-  const bool rope = ep == AMK_EPILOGUE_ROPE || ep == AMK_EPILOGUE_ROPE_APPEND;
+  const AmkEpiStage es = amk_epi_stage_of(t);
   int pos = 0;
-  if (rope || ep == AMK_EPILOGUE_APPEND) {
-    pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
+  if (es.has_pos) {
+    pos = staged ? __float_as_int(staged[es.values()]) : amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
     if (!amk_check_pos(c, pos)) return;
   }
   const bool has_bias = t.ip[AMK_P_HAS_BIAS] != 0;
   const AmkOperand* bias = has_bias ? &amk_in(c, AMK_ROLE_BIAS) : nullptr;
+  const float* bias_s = staged ? staged + es.n_res : nullptr;
+  auto bias_at = [&](amk_i64 i) { return bias_s ? bias_s[i] : amk_in_at(c, *bias, i); };
   const int dt = yb.dtype;
   switch (ep) {
     case AMK_EPILOGUE_STORE:
@@ -34,9 +67,9 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
       const AmkOperand* res = ep == AMK_EPILOGUE_ADD ? &amk_in(c, AMK_ROLE_RESIDUAL) : nullptr;
       for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float a = acc[r];
-        if (bias) a = amk_add(a, amk_in_at(c, *bias, r));
+        if (bias) a = amk_add(a, bias_at(r));
         a = amk_round(dt, a);
-        if (res) a = amk_add(amk_in_at(c, *res, r), a);  // read before the (in-place) store
+        if (res) a = amk_add(staged ? staged[r] : amk_in_at(c, *res, r), a);  // read before the (in-place) store
         amk_store(yb, amk_out_index(y, yb, pos, r), a);
       }
       break;
@@ -59,12 +92,13 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows) {
         float* head = acc + h * hd;
         for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) {
           float a = head[i];
-          if (bias) a = amk_add(a, amk_in_at(c, *bias, (amk_i64)h * hd + i));
+          if (bias) a = amk_add(a, bias_at((amk_i64)h * hd + i));
           head[i] = amk_round(dt, a);
         }
         amk_syncwarp();
         if (head_norm) amk_warp_head_norm(c, head, hd, amk_in(c, AMK_ROLE_HEAD_GAMMA), t.fp[AMK_F_HEAD_NORM_EPS], dt);
-        amk_warp_rope(c, head, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), y, (amk_i64)h * hd);
+        amk_warp_rope(c, head, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), staged ? staged + es.n_res + es.n_bias : nullptr,
+                      y, (amk_i64)h * hd);
       }
       break;
     }

@@ -9,6 +9,7 @@
 // waits; coarse slabs (many rows per task) keep many bytes in flight per SM.
 //
 // Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
+//   | [norm weights: round4(K)] | [the epilogue's staged operands (AmkEpiStage), without split-K]
 #pragma once
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
@@ -28,10 +29,16 @@ AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
 
+// The epilogue operands the prologue stages (none when a REDUCE task runs the epilogue).
+AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
+  return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
+}
+
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
-         amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0);  // .. | norm weights
+         amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
+         amk_round4(amk_gemv_epi_stage(t).words());
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -342,10 +349,15 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
   float* xsums = red + AMK_WARP_SIZE;
+  float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
+  float* epi = gs + (norm ? amk_round4(K) : 0);
+  // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
+  // their round trip overlaps x's; stored to shared memory after it
+  const AmkEpiStage es = amk_gemv_epi_stage(t);
+  const float ev = (int)threadIdx.x < es.words() ? amk_epi_stage_word(c, es, threadIdx.x) : 0.0f;
   if (norm) {
     // x and the norm weights staged at once, by the two halves of the block: one memory
     // round trip where loading the weights after the sum of squares took a second one
-    float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     const int half = blockDim.x / 2;
     if ((int)threadIdx.x < half) amk_for_elems(xb, x, k_lo, K, [&](int i, float v) { xs[i] = v; }, threadIdx.x, half);
@@ -365,6 +377,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   } else {
     amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[i] = v; });
   }
+  if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
+  for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
@@ -396,6 +410,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const AmkBuffer& yb = amk_buf(c, y);
     for (int e = threadIdx.x; e < rows * m; e += blockDim.x) amk_store(yb, amk_flat(y, e), acc[e]);
   } else {
-    amk_epilogue(c, acc, rows);
+    amk_epilogue(c, acc, rows, epi);
   }
 }

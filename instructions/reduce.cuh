@@ -34,5 +34,5 @@ AMK_DEVICE void amk_op_reduce(const AmkCtx& c) {
     return;
   }
   amk_syncthreads();
-  amk_epilogue(c, acc, t.ip[AMK_P_ROWS]);
+  amk_epilogue(c, acc, t.ip[AMK_P_ROWS], nullptr);
 }

@@ -35,11 +35,12 @@ def test_nvcc_compiles_without_warnings(arch):
 # A program's own build (only its dtypes compiled in) and the spill it may have: none, except
 # the H100's int4 build, which spills a little (eval/PERF_NOTES.md items 22, 26, 32 and 33-35:
 # 28 / 84 B of stores / loads, 8 / 16 after the wide attention score pass, 24 / 88 with the
-# rotated x reads and the byte-permute dequantization, no measurable cost); its budget catches
+# rotated x reads and the byte-permute dequantization, 28 / 100 with the epilogue operands
+# staged by the GEMV prologue (item 50: int4 1B 1595.8 -> 1589.2 us), no measurable cost); its budget catches
 # growth, which any change to an op can cause (a combine change once took it to 80 / 208, a
 # finer int4 x rotation to 40 / 108). sm_80 is the tightest arch for most builds, sm_90 the
 # one the H100 runs.
-SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 96)}
+SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))

@@ -12,8 +12,8 @@ import zlib
 import pytest
 import torch
 
-from amk.schedule.ir import BufferKind, DType, Scope
-from amk.vm.loader import VMHangError
+from amk.schedule.ir import BufferKind, DType, Op, Scope
+from amk.vm.loader import VMHangError, epilogue_staged_words
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -156,6 +156,15 @@ def test_tiny_model(emu, family):
                                       fuse_silu_mul=False, quant="int8")])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+def test_lowered_model_epilogue_operands_beyond_one_per_thread(emu):
+    """One task per matrix on 64 threads: the q/k GEMVs' staged epilogue operands (bias,
+    RoPE frequencies, position) and o/down's residuals outnumber the threads, so the prologue
+    stages the rest after x (instructions/gemv.cuh)."""
+    prog, t = lowered("qwen2-bias", max_queues=2, threads_per_block=64, gemv_tasks_per_matrix=1)
+    assert max(epilogue_staged_words(x.params) for x in prog.tasks if x.op == Op.GEMV) > 64
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 

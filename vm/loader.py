@@ -42,6 +42,7 @@ from amk.schedule.ir import (
     MAX_WAITS,
     BufferKind,
     DType,
+    Epilogue,
     Op,
     Program,
     ValidationResult,
@@ -180,6 +181,16 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
         raise VMRefused(f"op {op!r} has no device packing")
 
 
+def epilogue_staged_words(p) -> int:
+    """Words of a GEMV's epilogue operands staged by its prologue (instructions/epilogue.cuh
+    AmkEpiStage): residual, bias, RoPE frequencies, position; none when a REDUCE finishes it."""
+    if p.split_k > 1:
+        return 0
+    rope = p.epilogue in (Epilogue.ROPE, Epilogue.ROPE_APPEND)
+    return ((p.rows if p.epilogue == Epilogue.ADD else 0) + (p.rows if p.has_bias else 0)
+            + (p.head_dim // 2 if rope else 0) + (1 if rope or p.epilogue == Epilogue.APPEND else 0))
+
+
 def smem_words(p, threads: int, kv_capacity: int) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions."""
     op, nwarps = p.op, threads // WARP
@@ -187,8 +198,9 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     if op == Op.GEMV:
         k = p.k_hi - p.k_lo
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
+        # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
-        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
+        return r4(k) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm + r4(epilogue_staged_words(p))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
