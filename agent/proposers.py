@@ -88,10 +88,8 @@ def _pow2(lo: int, hi: int) -> list[int]:
     return out
 
 
-# Fields with a Dim that the search does not move: explicit_queues (moved by _move_tasks), and
-# quant_unpack, which reaches every quantized GEMV's params.unpack but selects nothing yet (the
-# VMs have one unpack path per format), so a trial that changed it would measure noise.
-NOT_SEARCHED = ("explicit_queues", "quant_unpack")
+# Fields with a Dim that the search does not move: explicit_queues (moved by _move_tasks).
+NOT_SEARCHED = ("explicit_queues",)
 
 
 class SearchSpace:
@@ -130,7 +128,7 @@ class SearchSpace:
             Dim("quant", ("none", "int8", "int4"), ordered=False),
             Dim("quant_group", (32, 64, 128, "channel")),
             Dim("quant_lm_head", BOOL, ordered=False),
-            Dim("quant_unpack", (0, 1, 2, 3)),
+            Dim("quant_unpack", (0, 1, 2)),
             Dim("dtype", (None, "float32", "bfloat16", "float16"), ordered=False),
             # chiplet placement exists only on multi-XCD targets ('auto' is off elsewhere)
             Dim("xcd_placement", ("auto", False) if target.xcds > 1 else ("auto",), ordered=False),

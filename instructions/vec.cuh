@@ -82,6 +82,15 @@ template <> struct AmkWFmt<AMK_DTYPE_F16> {
     return amk_f16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
   }
 };
+// How a quantized dot turns codes into floats (ScheduleConfig.quant_unpack, a build define):
+// 1 a byte permute into a biased float's mantissa (amk_biased_byte; the default), 2 an
+// integer-to-float conversion per code. The same products; I8 sums are bit-identical, U4
+// ones differ in the last bits (the byte-permute form subtracts 128 * sum(x) at the end).
+#ifndef AMK_Q_UNPACK
+#define AMK_Q_UNPACK 1
+#endif
+static_assert(AMK_Q_UNPACK == 1 || AMK_Q_UNPACK == 2, "AMK_Q_UNPACK: 1 byte permute, 2 integer conversion");
+
 template <> struct AmkWFmt<AMK_DTYPE_I8> {
   static constexpr int VEC = 16, BITS = 8;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
@@ -92,11 +101,16 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
   // of 2^23's mantissa is the float 2^23 + code + 128, so one byte permute (PRMT) and one
   // exact subtraction replace the (quarter-rate) integer-to-float conversion.
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, AmkXRot<4> rot) {
-    const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
     float s = 0.0f;
+    if constexpr (AMK_Q_UNPACK == 2) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      s += (amk_biased_byte<0x4B000000u, 0>(w[j >> 2], j & 3) - 8388736.0f) * rot.x(x, j);
+      for (int j = 0; j < VEC; ++j) s += get(v, j) * rot.x(x, j);
+    } else {
+      const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+#pragma unroll
+      for (int j = 0; j < VEC; ++j)
+        s += (amk_biased_byte<0x4B000000u, 0>(w[j >> 2], j & 3) - 8388736.0f) * rot.x(x, j);
+    }
     return s;
   }
 };
@@ -110,18 +124,25 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   // 128.0f's mantissa is the float 128 + code (exact), so each element costs one byte move
   // and one FMA; the 128 * xsum taken off at the end cancels ~4 bits (relative error ~1e-6).
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum, AmkXRot<8> rot) {
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;
+    if constexpr (AMK_Q_UNPACK == 2) {
+      (void)xsum;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
+      for (int j = 0; j < VEC; ++j) s += get(v, j) * rot.x(x, j);
+      return s;
+    } else {
+      const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        s += amk_biased_byte<0x43000000u, 2>(even, b) * rot.x(x, 8 * i + 2 * b);
-        s += amk_biased_byte<0x43000000u, 2>(odd, b) * rot.x(x, 8 * i + 2 * b + 1);
+      for (int i = 0; i < 4; ++i) {
+        const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          s += amk_biased_byte<0x43000000u, 2>(even, b) * rot.x(x, 8 * i + 2 * b);
+          s += amk_biased_byte<0x43000000u, 2>(odd, b) * rot.x(x, 8 * i + 2 * b + 1);
+        }
       }
+      return s - 128.0f * xsum;
     }
-    return s - 128.0f * xsum;
   }
 };
 

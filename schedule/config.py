@@ -180,10 +180,11 @@ class ScheduleConfig(BaseModel):
         "output tensor, where the file quantizes it in a native type); needs quant != 'none'.",
     )
     quant_unpack: int = Field(
-        0, ge=0, le=3,
-        description="VM knob: quantized-weight unpack strategy code written to every quantized "
-        "GEMV's params.unpack (semantics unchanged); needs quant != 'none'. Reserved: the CUDA "
-        "and HIP VMs have one unpack path per format and ignore it (autotune does not search it).",
+        0, ge=0, le=2,
+        description="VM knob: how the quantized GEMVs turn codes into floats, written to every "
+        "quantized GEMV's params.unpack and built into the VM (a define; semantics unchanged): "
+        "1 a byte permute into a biased float's mantissa, 2 an integer-to-float conversion per "
+        "code, 0 the VM's default (1). needs quant != 'none'.",
     )
     dtype: Optional[ProgramDType] = Field(
         None,

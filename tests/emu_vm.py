@@ -28,34 +28,34 @@ EMU_DIR = Path(__file__).resolve().parent / "emu"
 # which the every-dtype GPU build leaves out, are compiled in so that the tests run them
 EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
              "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1")
-_LIB: Optional[ctypes.CDLL] = None
+_LIBS: dict[tuple, ctypes.CDLL] = {}  # by the defines of build()
 
 
 def compiler() -> Optional[str]:
     return shutil.which("g++")
 
 
-def emu_flags() -> list[str]:
-    """EMU_FLAGS with $AMK_VM_DEFINES applied as the loader applies it to GPU builds (e.g.
-    AMK_VM_DEFINES=AMK_ATTN_PV_WIDE=0 runs the tests on the split-layout P.V pass); a define
-    given there replaces EMU_FLAGS' own."""
-    extra = experiment_defines()
+def emu_flags(defines: Optional[dict[str, int]] = None) -> list[str]:
+    """EMU_FLAGS with `defines` (a program's knobs, `knob_defines`) and then $AMK_VM_DEFINES
+    applied as the loader applies them to GPU builds (e.g. AMK_VM_DEFINES=AMK_ATTN_PV_WIDE=0
+    runs the tests on the split-layout P.V pass); a define given there replaces EMU_FLAGS' own."""
+    extra = {**(defines or {}), **experiment_defines()}
     flags = [f for f in EMU_FLAGS if not (f.startswith("-D") and f[2:].partition("=")[0] in extra)]
     return flags + [f"-D{k}={v}" for k, v in extra.items()]
 
 
-def build(out_dir: Path) -> ctypes.CDLL:
-    """Compile the emulated megakernel (once per source hash) and load it."""
-    global _LIB
-    if _LIB is not None:
-        return _LIB
+def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDLL:
+    """Compile the emulated megakernel (once per source hash and defines) and load it."""
+    key = tuple(sorted((defines or {}).items()))
+    if key in _LIBS:
+        return _LIBS[key]
     main, headers = kernel_sources()
     h = hashlib.sha256(main.encode())
     for name in sorted(headers):
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
         h.update(f.read_bytes())
-    flags = emu_flags()
+    flags = emu_flags(defines)
     h.update(" ".join(flags).encode())
     lib = out_dir / f"amk_emu_{h.hexdigest()[:16]}.so"
     if not lib.exists():
@@ -63,10 +63,11 @@ def build(out_dir: Path) -> ctypes.CDLL:
         cmd = [compiler(), *flags, f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}", str(EMU_DIR / "emu_launch.cpp"),
                "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
-    _LIB = ctypes.CDLL(str(lib))
-    _LIB.amk_emu_launch.restype = ctypes.c_int
-    _LIB.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
-    return _LIB
+    dll = ctypes.CDLL(str(lib))
+    dll.amk_emu_launch.restype = ctypes.c_int
+    dll.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
+    _LIBS[key] = dll
+    return dll
 
 
 class EmuVM:

@@ -276,8 +276,8 @@ def test_search_space_and_proposers():
 
     space = SearchSpace(get_target("h100"), fixed=dict(FIXED))
     assert "max_queues" not in space.names and {"quant", "quant_group", "quant_lm_head", "rope_rows",
-                                                 "split_k", "fuse_norm", "prefetch_depth"} <= set(space.names)
-    assert "quant_unpack" not in space.names  # reserved: no VM reads it
+                                                 "split_k", "fuse_norm", "prefetch_depth", "prefetch_kb",
+                                                 "quant_unpack"} <= set(space.names)
     rng = random.Random(0)
     cfgs = [space.random(rng) for _ in range(200)]  # every point is repaired into a valid config
     assert {c.quant for c in cfgs} == {"none", "int8", "int4"} and all(c.max_queues == 8 for c in cfgs)

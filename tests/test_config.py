@@ -33,7 +33,7 @@ def test_defaults_and_schema():
     ("prefetch_depth", -1), ("prefetch_depth", 5), ("prefetch_kb", 0), ("prefetch_kb", 8193),
     ("fuse_norm", "sometimes"),
     ("quant", "fp8"), ("quant_group", 16), ("quant_group", 256),
-    ("quant_unpack", -1), ("quant_unpack", 4),
+    ("quant_unpack", -1), ("quant_unpack", 3),
     ("dtype", "float64"),
     ("no_such_field", 1),
 ])

@@ -54,6 +54,31 @@ def test_nvcc_specialized_builds_within_their_spill_budget(arch, build):
     assert spills[0] <= stores and spills[1] <= loads, output
 
 
+@pytest.mark.parametrize("build", ["int8", "int4"])
+def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
+    """The quantized builds with the other unpack strategy (ScheduleConfig.quant_unpack=2)."""
+    if compile_check.nvcc_path() is None:
+        pytest.skip("nvcc not found (install the CUDA toolkit to check the device sources)")
+    ok, output = compile_check.nvcc_compile(90, defines={**compile_check.SPECIALIZED[build], "AMK_Q_UNPACK": 2})
+    spills = compile_check.spill_bytes(ok, output)
+    assert spills is not None, output
+    stores, loads = SPILL_BUDGETS.get((90, build), (0, 0))
+    assert spills[0] <= stores and spills[1] <= loads, output
+
+
+def test_knob_defines_follow_the_program():
+    from vm_cases import lowered
+
+    prog, _ = lowered("llama-gqa-tied")
+    assert loader.knob_defines(prog) == {"AMK_PREFETCH_KB": 64}  # 'auto' unrolls: the architecture's default
+    prog, _ = lowered("llama-gqa-tied", quant="int8", quant_unpack=2, gemv_unroll=4, prefetch_kb=128)
+    assert loader.knob_defines(prog) == {"AMK_GEMV_UNROLL": 4, "AMK_PREFETCH_KB": 128, "AMK_Q_UNPACK": 2}
+    gemv = next(t for t in prog.tasks if t.params.op == Op.GEMV and t.params.unpack == 2)
+    gemv.params = gemv.params.model_copy(update={"unpack": 1})  # two strategies: one build cannot run both
+    with pytest.raises(loader.VMRefused, match="unpack strategies"):
+        loader.knob_defines(prog)
+
+
 def test_spill_bytes_reads_nvcc_output():
     line = "ptxas error   : Registers are spilled to local memory in function 'k', 28 bytes spill stores, 84 bytes spill loads"
     assert compile_check.spill_bytes(False, "$ nvcc ...\n" + line) == (28, 84)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from amk.schedule.ir import BufferKind, DType, Op, Scope
-from amk.vm.loader import VMHangError, epilogue_staged_words
+from amk.vm.loader import VMHangError, epilogue_staged_words, knob_defines
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -41,10 +41,10 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ (C++20) to
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    lib = build(tmp_path_factory.mktemp("emu"))
+    out = tmp_path_factory.mktemp("emu")
 
-    def make(prog, tensors, **kw):
-        return EmuVM(prog, tensors, lib, **kw)
+    def make(prog, tensors, **kw):  # built with the program's knobs, as the CudaVM's kernel is
+        return EmuVM(prog, tensors, build(out, knob_defines(prog)), **kw)
 
     return make
 
@@ -157,6 +157,21 @@ def test_tiny_model(emu, family):
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_lowered_model_unpack_strategies(emu, quant):
+    """Both ways of turning codes into floats (ScheduleConfig.quant_unpack: a build define)
+    against the ReferenceVM; int8's sums are the same bit for bit either way, int4's are not (the
+    byte-permute form takes 128 * sum(x) off at the end), which shows the define reached the build."""
+    outs = {}
+    for unpack in (1, 2):
+        prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, quant=quant, quant_group=32,
+                          quant_unpack=unpack)
+        assert knob_defines(prog)["AMK_Q_UNPACK"] == unpack
+        _, vm = run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+        outs[unpack] = {name: vm.read_buffer(name) for name in ("logits", "x")}
+    assert (quant == "int8") == all(torch.equal(outs[1][n], outs[2][n]) for n in outs[1])
 
 
 def test_lowered_model_epilogue_operands_beyond_one_per_thread(emu):

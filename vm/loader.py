@@ -303,6 +303,28 @@ def _dtype_mask(dtypes) -> int:
     return mask or 1
 
 
+UNPACK_STRATEGIES = {1: "byte permute", 2: "integer conversion"}  # AMK_Q_UNPACK (instructions/vec.cuh)
+
+
+def knob_defines(program: Program) -> dict[str, int]:
+    """The build defines a program's VM knobs select: program.meta['vm'] (gemv_unroll,
+    gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
+    strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
+    every task, so the quantized GEMVs must agree on it."""
+    vm_meta = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
+    out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
+                                                      ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
+                                                      ("prefetch_kb", "AMK_PREFETCH_KB"))
+           if isinstance(vm_meta.get(knob), int)}
+    unpack = {t.params.unpack for t in program.tasks if t.params.op == Op.GEMV and t.params.unpack != 0}
+    if len(unpack) > 1 or not unpack <= UNPACK_STRATEGIES.keys():
+        raise VMRefused(f"quantized GEMVs ask for unpack strategies {sorted(unpack)}: one build runs one of "
+                        f"{UNPACK_STRATEGIES} (0 = the default)")
+    if unpack:
+        out["AMK_Q_UNPACK"] = unpack.pop()
+    return out
+
+
 def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]) -> None:
     if validation is None:
         validation = importlib.import_module("amk.schedule.validate").validate(program)
@@ -386,10 +408,7 @@ class CudaVM:
             defines = dict(self.packed.defines) if specialize else {}
             if self.trace_enabled:
                 defines["AMK_TRACE"] = 1
-            for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"), ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
-                                 ("prefetch_kb", "AMK_PREFETCH_KB")):
-                if isinstance(vm_meta.get(knob), int):  # else the architecture's default
-                    defines[define] = vm_meta[knob]
+            defines.update(knob_defines(program))
             defines.update(experiment_defines())
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
                                              min_blocks=program.blocks_per_cu, defines=defines or None)
