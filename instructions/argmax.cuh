@@ -17,6 +17,11 @@ AMK_DEVICE bool amk_argmax_better(float a, int ia, float b, int ib) {
   return a > b || (a == b && ia < ib);
 }
 
+// (best, bi) becomes (v, i) if (v, i) is a candidate and beats it (or there is none yet).
+AMK_DEVICE void amk_argmax_keep(float& best, int& bi, float v, int i) {
+  if (i != AMK_ARGMAX_NONE && (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi))) best = v, bi = i;
+}
+
 // This thread's best over the 16-byte vectors of x[0:n) (x contiguous from element `off`);
 // returns how many leading elements the vectors covered (0 when x is not 16-byte aligned).
 // The winner does not depend on which thread saw which element: ties go to the lower index.
@@ -77,7 +82,7 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
     for (int k = threadIdx.x; k < n; k += blockDim.x) {
       const float v = amk_load(xb, amk_flat(x, 2 * k));
       const int i = (int)amk_load(xb, amk_flat(x, 2 * k + 1));
-      if (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
+      amk_argmax_keep(best, bi, v, i);
     }
   } else {
     int done = 0;  // elements covered by 16-byte vectors
@@ -86,26 +91,19 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
       else if (xb.dtype == AMK_DTYPE_BF16) done = amk_argmax_vec_if<AMK_DTYPE_BF16>(xb, x.off, n, best, bi);
       else if (xb.dtype == AMK_DTYPE_F16) done = amk_argmax_vec_if<AMK_DTYPE_F16>(xb, x.off, n, best, bi);
     }
-    for (int i = done + threadIdx.x; i < n; i += blockDim.x) {
-      const float v = amk_load(xb, amk_flat(x, i));
-      if (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi)) best = v, bi = i;
-    }
+    for (int i = done + threadIdx.x; i < n; i += blockDim.x) amk_argmax_keep(best, bi, amk_load(xb, amk_flat(x, i)), i);
   }
   amk_trace_mark(c, 0);  // thread 0's scan done
 #pragma unroll
   for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) {
     const float ov = amk_shfl_xor(best, m);
-    const int oi = amk_shfl_xor_int(bi, m);
-    if (oi != AMK_ARGMAX_NONE && (bi == AMK_ARGMAX_NONE || amk_argmax_better(ov, oi, best, bi))) best = ov, bi = oi;
+    amk_argmax_keep(best, bi, ov, amk_shfl_xor_int(bi, m));
   }
   if (amk_lane() == 0) red[amk_warp()] = best, red_i[amk_warp()] = bi;
   amk_syncthreads();
   amk_trace_mark(c, 1);  // every warp's best in
   if (threadIdx.x == 0) {
-    for (int w = 1; w < amk_nwarps(); ++w)
-      if (red_i[w] != AMK_ARGMAX_NONE &&
-          (red_i[0] == AMK_ARGMAX_NONE || amk_argmax_better(red[w], red_i[w], red[0], red_i[0])))
-        red[0] = red[w], red_i[0] = red_i[w];
+    for (int w = 1; w < amk_nwarps(); ++w) amk_argmax_keep(red[0], red_i[0], red[w], red_i[w]);
     const AmkOperand& y = t.out[0];
     const AmkBuffer& yb = amk_buf(c, y);
     const int found = red_i[0] == AMK_ARGMAX_NONE ? 0 : red_i[0];

@@ -91,6 +91,15 @@ template <> struct AmkWFmt<AMK_DTYPE_F16> {
 #endif
 static_assert(AMK_Q_UNPACK == 1 || AMK_Q_UNPACK == 2, "AMK_Q_UNPACK: 1 byte permute, 2 integer conversion");
 
+// Strategy 2: sum_j code_j * x[j] over a vector of format F, each code converted by F::get.
+template <class F, class R>
+AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < F::VEC; ++j) s += F::get(v, j) * rot.x(x, j);
+  return s;
+}
+
 template <> struct AmkWFmt<AMK_DTYPE_I8> {
   static constexpr int VEC = 16, BITS = 8;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
@@ -101,16 +110,12 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
   // of 2^23's mantissa is the float 2^23 + code + 128, so one byte permute (PRMT) and one
   // exact subtraction replace the (quarter-rate) integer-to-float conversion.
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, AmkXRot<4> rot) {
+    if constexpr (AMK_Q_UNPACK == 2) return amk_qdot_converted<AmkWFmt>(v, x, rot);
+    const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
     float s = 0.0f;
-    if constexpr (AMK_Q_UNPACK == 2) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += get(v, j) * rot.x(x, j);
-    } else {
-      const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-#pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        s += (amk_biased_byte<0x4B000000u, 0>(w[j >> 2], j & 3) - 8388736.0f) * rot.x(x, j);
-    }
+    for (int j = 0; j < VEC; ++j)
+      s += (amk_biased_byte<0x4B000000u, 0>(w[j >> 2], j & 3) - 8388736.0f) * rot.x(x, j);
     return s;
   }
 };
@@ -124,25 +129,19 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   // 128.0f's mantissa is the float 128 + code (exact), so each element costs one byte move
   // and one FMA; the 128 * xsum taken off at the end cancels ~4 bits (relative error ~1e-6).
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum, AmkXRot<8> rot) {
+    if constexpr (AMK_Q_UNPACK == 2) return amk_qdot_converted<AmkWFmt>(v, x, rot);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;
-    if constexpr (AMK_Q_UNPACK == 2) {
-      (void)xsum;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) s += get(v, j) * rot.x(x, j);
-      return s;
-    } else {
-      const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    for (int i = 0; i < 4; ++i) {
+      const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;  // nibbles 0,2,4,6 | 1,3,5,7
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          s += amk_biased_byte<0x43000000u, 2>(even, b) * rot.x(x, 8 * i + 2 * b);
-          s += amk_biased_byte<0x43000000u, 2>(odd, b) * rot.x(x, 8 * i + 2 * b + 1);
-        }
+      for (int b = 0; b < 4; ++b) {
+        s += amk_biased_byte<0x43000000u, 2>(even, b) * rot.x(x, 8 * i + 2 * b);
+        s += amk_biased_byte<0x43000000u, 2>(odd, b) * rot.x(x, 8 * i + 2 * b + 1);
       }
-      return s - 128.0f * xsum;
     }
+    return s - 128.0f * xsum;
   }
 };
 

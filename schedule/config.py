@@ -184,7 +184,7 @@ class ScheduleConfig(BaseModel):
         description="VM knob: how the quantized GEMVs turn codes into floats, written to every "
         "quantized GEMV's params.unpack and built into the VM (a define; semantics unchanged): "
         "1 a byte permute into a biased float's mantissa, 2 an integer-to-float conversion per "
-        "code, 0 the VM's default (1). needs quant != 'none'.",
+        "code, 0 the VM's default (1). Needs quant != 'none'.",
     )
     dtype: Optional[ProgramDType] = Field(
         None,

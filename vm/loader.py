@@ -306,12 +306,17 @@ def _dtype_mask(dtypes) -> int:
 UNPACK_STRATEGIES = {1: "byte permute", 2: "integer conversion"}  # AMK_Q_UNPACK (instructions/vec.cuh)
 
 
+def _vm_meta(program: Program) -> dict:
+    """program.meta['vm']: the VM knobs the lowering recorded (empty for hand-built programs)."""
+    return (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
+
+
 def knob_defines(program: Program) -> dict[str, int]:
     """The build defines a program's VM knobs select: program.meta['vm'] (gemv_unroll,
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it."""
-    vm_meta = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
+    vm_meta = _vm_meta(program)
     out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
                                                       ("prefetch_kb", "AMK_PREFETCH_KB"))
@@ -374,8 +379,7 @@ class CudaVM:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timeout_s = float(timeout_s)
         self.spin_timeout_s = float(spin_timeout_s if spin_timeout_s is not None else timeout_s / 2)
-        vm_meta = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
-        meta_depth = vm_meta.get("prefetch_depth", 1)
+        meta_depth = _vm_meta(program).get("prefetch_depth", 1)
         self.prefetch_depth = int(prefetch_depth if prefetch_depth is not None else meta_depth)
         self.poison_each_step = poison_each_step
         self.trace_enabled = bool(trace)
