@@ -175,34 +175,6 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
   else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
-// A float-format round: U vectors of each matrix (raw1, raw2: as loaded) folded into s1, s2.
-template <int DT, bool PAIR, int U, class R>
-AMK_DEVICE void amk_gemv_fround(const amk_u32x4* raw1, const amk_u32x4* raw2, const float* xs, int v0, int L, int nvec,
-                                R rot, float& s1, float& s2) {
-  using F = AmkWFmt<DT>;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = v0 + u * L;
-    if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
-      const float* xv = xs + v * F::VEC;
-      const amk_u32x4 w1 = rot.words(raw1[u]);
-#pragma unroll
-      for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
-      if (PAIR) {
-        const amk_u32x4 w2v = rot.words(raw2[u]);
-#pragma unroll
-        for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
-      }
-    }
-  }
-}
-
-// A lane's first round of a float-format row, loaded before the GEMV's prologue
-// (amk_gemv_preload): vectors 0..U-1 of w, then (PAIR) those of w2.
-struct AmkGemvPre {
-  amk_u32x4 v[AMK_GEMV_UNROLL];
-};
-
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
 // the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
 // lane group has no row (it still takes part in the shuffles). Several lane groups per warp
@@ -210,16 +182,12 @@ struct AmkGemvPre {
 // that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
-// PRE (float formats): the row's first round is `pre`, used up first so that its registers
-// are free for the rest of the row.
-template <int DT, bool PAIR, bool PRE = false>
+template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                 const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2,
-                                 const AmkGemvPre* pre = nullptr) {
+                                 const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-  static_assert(!(PRE && Q), "quantized rows are not preloaded");
   const int nvec = valid ? K / F::VEC : 0;
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
@@ -230,13 +198,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
   }
   float s1 = 0.0f, s2 = 0.0f;
-  int v0 = sub;
-  if constexpr (PRE) {
-    amk_gemv_fround<DT, PAIR, U>(pre->v, pre->v + U, xs, v0, L, nvec, rot, s1, s2);
-    v0 += L * U;
-  }
 #pragma unroll 1
-  for (; v0 < nvec; v0 += L * U) {
+  for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
     unsigned sc1[U], sc2[U], z1[U], z2[U];  // raw bits
 #pragma unroll
@@ -256,20 +219,25 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
         }
       }
     }
-    if constexpr (Q) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * L;
-        if (v < nvec) {  // (rotated at their use, as in amk_gemv_fround)
-          const float* xv = xs + v * F::VEC;
-          const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * L;
+      if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
+        const float* xv = xs + v * F::VEC;
+        const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
+        if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
           s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
           if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+        } else {
+#pragma unroll
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
+          if (PAIR) {
+#pragma unroll
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
+          }
         }
       }
-    } else {
-      amk_gemv_fround<DT, PAIR, U>(raw1, raw2, xs, v0, L, nvec, rot, s1, s2);
     }
   }
   if (valid) {
@@ -313,29 +281,14 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
-                              int rows, int K, const AmkGemvPre& pre, bool preloaded) {
+                              int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4;
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
-    const int step = amk_nwarps() * per_warp;
-    int r0 = amk_warp() * per_warp;  // warp-uniform
-    if constexpr (!Q) {
-      if (preloaded) {  // the warp's first row, whose first round amk_gemv_preload loaded
-        const int r = r0 + amk_lane() / L;
-        float a1, a2;
-        amk_gemv_row_vec<DT, PAIR, true>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2, &pre);
-        if (sub == 0 && r < rows) {
-          acc[r * m] = a1;
-          if (PAIR) acc[r * m + 1] = a2;
-        }
-        r0 += step;
-      }
-    }
 #pragma unroll 1
-    for (; r0 < rows; r0 += step) {
+    for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
       float a1, a2;
       amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
@@ -360,9 +313,9 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
-                                 float* acc, int rows, int K, const AmkGemvPre& pre, bool preloaded) {
+                                 float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K);
     return true;
   } else {
     return false;
@@ -371,73 +324,13 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
-                                  int rows, int K, const AmkGemvPre& pre, bool preloaded) {
+                                  int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-    default: return false;
-  }
-}
-
-// Whether a float-format GEMV loads its warps' first round of weights before its prologue, so
-// that their round trip overlaps the activations' (1), or only after it (0, for A/B runs).
-// Quantized formats never do: their rounds need every register the sm_90 build has; nor does
-// the every-dtype build (six float variants' rounds live across one prologue: it spills).
-#ifndef AMK_GEMV_PRELOAD
-#define AMK_GEMV_PRELOAD ((AMK_GEMV_WDTYPES) != 0x3f)
-#endif
-
-// The first round of each warp's first row (as amk_gemv_rows will walk it) into `pre`, for a
-// float format DT that this build compiles and a vector-path slab; false if none was loaded.
-template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_preload_t(const AmkGemvW& w, const AmkGemvW& w2, int rows, int K, AmkGemvPre& pre) {
-  if constexpr (!AMK_WITH_GEMV_WDTYPE(DT)) {
-    return false;
-  } else {
-    using F = AmkWFmt<DT>;
-    constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-    static_assert((PAIR ? 2 : 1) * U <= AMK_GEMV_UNROLL, "AmkGemvPre holds a round");
-    AmkGroupOf grp;
-    if (!amk_gemv_vec_ok<DT>(w, K, grp) || (PAIR && !amk_gemv_vec_ok<DT>(w2, K, grp))) return false;
-    const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
-    const int r = amk_warp() * per_warp + amk_lane() / L;
-    if (amk_warp() * per_warp >= rows) return false;  // warp-uniform
-    const int nvec = r < rows ? K / F::VEC : 0;
-    const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
-    const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = sub + u * L;
-      if (v < nvec) {
-        pre.v[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
-        if (PAIR) pre.v[U + u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
-      }
-    }
-    return true;
-  }
-}
-
-// (The weights' descriptors are read here and again after the prologue, whose barriers make
-// the compiler reload them from shared memory: kept live across it, they cost the int4 build spills.)
-AMK_DEVICE bool amk_gemv_preload(const AmkCtx& c, int rows, int K, AmkGemvPre& pre) {
-  if (!AMK_GEMV_PRELOAD) return false;
-  const bool pair = amk_row_width(*c.t) == 2;
-  const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
-  const AmkGemvW w2 = pair ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
-  if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) return false;
-  switch (w.wb->dtype) {
-    case AMK_DTYPE_F32:
-      return pair ? amk_gemv_preload_t<AMK_DTYPE_F32, true>(w, w2, rows, K, pre)
-                  : amk_gemv_preload_t<AMK_DTYPE_F32, false>(w, w2, rows, K, pre);
-    case AMK_DTYPE_BF16:
-      return pair ? amk_gemv_preload_t<AMK_DTYPE_BF16, true>(w, w2, rows, K, pre)
-                  : amk_gemv_preload_t<AMK_DTYPE_BF16, false>(w, w2, rows, K, pre);
-    case AMK_DTYPE_F16:
-      return pair ? amk_gemv_preload_t<AMK_DTYPE_F16, true>(w, w2, rows, K, pre)
-                  : amk_gemv_preload_t<AMK_DTYPE_F16, false>(w, w2, rows, K, pre);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -450,9 +343,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   if (!xs) return;
   float* acc = xs + amk_round4(K);
   float* red = acc + amk_round4((long long)rows * m);
-  // the weights never depend on the activations: their first round goes out before x's loads
-  AmkGemvPre pre;
-  const bool preloaded = amk_gemv_preload(c, rows, K, pre);
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
@@ -506,8 +396,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K, pre, preloaded);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K, pre, preloaded);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;
