@@ -61,11 +61,16 @@ def experiment_defines() -> dict[str, int]:
     """Integer build defines from $AMK_VM_DEFINES ("AMK_SPIN_MAX_NS=1024,AMK_ATTN_UNROLL=1"), for
     performance experiments on tunables that are not ScheduleConfig knobs (yet). Names must
     start with AMK_; anything else is refused."""
+    return parse_defines(os.environ.get("AMK_VM_DEFINES", ""), "AMK_VM_DEFINES")
+
+
+def parse_defines(text: str, what: str = "defines") -> dict[str, int]:
+    """{"AMK_A": 1, "AMK_B": -2} from "AMK_A=1,AMK_B=-2"; ValueError for anything else."""
     out: dict[str, int] = {}
-    for item in filter(None, (x.strip() for x in os.environ.get("AMK_VM_DEFINES", "").split(","))):
+    for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, value = item.partition("=")
         if not name.startswith("AMK_") or not name.replace("_", "").isalnum() or not value.lstrip("-").isdigit():
-            raise ValueError(f"AMK_VM_DEFINES: {item!r} is not AMK_NAME=integer")
+            raise ValueError(f"{what}: {item!r} is not AMK_NAME=integer")
         out[name] = int(value)
     return out
 
@@ -330,6 +335,19 @@ def knob_defines(program: Program) -> dict[str, int]:
     return out
 
 
+def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *, specialize: bool = True,
+                  trace: bool = False, experiments: Optional[dict[str, int]] = None) -> dict[str, int]:
+    """Every build define the CudaVM compiles `program` with: the dtype specialization
+    (PackedProgram.defines, unless `specialize` is off), AMK_TRACE, the program's knobs
+    (knob_defines) and the experiments (default: $AMK_VM_DEFINES), later ones winning."""
+    defines = dict((packed or PackedProgram(program)).defines) if specialize else {}
+    if trace:
+        defines["AMK_TRACE"] = 1
+    defines.update(knob_defines(program))
+    defines.update(experiment_defines() if experiments is None else experiments)
+    return defines
+
+
 def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]) -> None:
     if validation is None:
         validation = importlib.import_module("amk.schedule.validate").validate(program)
@@ -409,11 +427,7 @@ class CudaVM:
             self._abort_ptr = rt.hostAlloc(64, rt.hostAllocMapped | rt.hostAllocPortable)
             self._abort = ctypes.c_int32.from_address(self._abort_ptr)
             self._abort.value = 0
-            defines = dict(self.packed.defines) if specialize else {}
-            if self.trace_enabled:
-                defines["AMK_TRACE"] = 1
-            defines.update(knob_defines(program))
-            defines.update(experiment_defines())
+            defines = build_defines(program, self.packed, specialize=specialize, trace=self.trace_enabled)
             self._kernel = build.load_kernel(dev.index, threads=program.threads_per_block,
                                              min_blocks=program.blocks_per_cu, defines=defines or None)
             self._check_launchable(rt)
