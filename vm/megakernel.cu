@@ -31,6 +31,7 @@
 // 4096 ns cost 4-8 us per hop: the pollers slept through the signal). The cap bounds how long
 // a poller sleeps through a burst of last signals (96 q/k/v producers finish within a few us):
 // 1024 ns measured 1B 1.745 -> 1.691 ms, 8B 7.346 -> 7.304 ms against 4096 (eval/PERF_NOTES.md).
+// 64 ns a missing signal (128 before): 1B -7, 8B -24, SmolLM2 shape -10 us, paired (item 63).
 #ifndef AMK_SPIN_MAX_NS
 #define AMK_SPIN_MAX_NS 1024
 #endif
@@ -38,7 +39,7 @@
 #define AMK_SPIN_MIN_NS 64
 #endif
 #ifndef AMK_SPIN_NS_PER_SIGNAL
-#define AMK_SPIN_NS_PER_SIGNAL 128
+#define AMK_SPIN_NS_PER_SIGNAL 64
 #endif
 // KiB of a task's immutable inputs hinted into L2 during its wait (ScheduleConfig.prefetch_kb):
 // the first rounds of its loads. The whole slab (8 MiB) filled the memory system with hints
