@@ -20,24 +20,26 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Optional
 
 from amk.errors import AmkError
 
 
-def program_for(model: str, config_path: Optional[str], dtype: str):
-    """The program `amk bench MODEL --random-init --dtype DTYPE --config F` runs (its
-    build defines do not depend on the context length)."""
+def program_for(model: str, config_path: Optional[str], dtype: str, target: Optional[str] = None):
+    """The program `amk bench MODEL --random-init --dtype DTYPE --config F` runs on `target`
+    (None: the default record, as the bench on an unknown GPU; its build defines do not
+    depend on the context length)."""
     from amk.eval.shapes import shape_config
     from amk.schedule.config import ScheduleConfig
     from amk.schedule.importer import load_spec, spec_from_hf_config
     from amk.schedule.lower import lower
     from amk.schedule.targets import get_target
 
-    config = ScheduleConfig.model_validate_json(open(config_path).read()) if config_path else None
+    config = ScheduleConfig.model_validate_json(Path(config_path).read_text()) if config_path else None
     shape = shape_config(model)
     spec = spec_from_hf_config(shape, name=model, dtype=dtype) if shape else load_spec(model, dtype=dtype)
-    return lower(spec, config, get_target("h100"))
+    return lower(spec, config, get_target(target))
 
 
 def builds(program, variants: list[str], trace: bool = False) -> list[tuple[str, dict[str, int]]]:
@@ -65,14 +67,17 @@ def _compile(job: tuple) -> float:
     return time.perf_counter() - t
 
 
-def _arch(given: Optional[int]) -> int:
-    if given is not None:
-        return given
+def _machine(arch: Optional[int]) -> tuple[int, Optional[str]]:
+    """(NVRTC arch, target record) of this machine's GPU, as the bench picks them; without
+    one, `arch` (default 90) and the default record."""
     import torch
 
+    if not torch.cuda.is_available():
+        return arch or 90, None
+    from amk.eval.bench import _device_target
     from amk.vm import build
 
-    return build.device_arch(torch.cuda.current_device()) if torch.cuda.is_available() else 90
+    return arch or build.device_arch(torch.cuda.current_device()), _device_target("cuda")
 
 
 def main(argv=None) -> int:
@@ -86,13 +91,13 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=None, help="NVRTC arch, e.g. 90 (default: the GPU's, else 90)")
     ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles (default: one per build, up to the cores)")
     a = ap.parse_args(argv)
+    arch, target = _machine(a.arch)
     try:
-        program = program_for(a.model, a.config, a.dtype)
+        program = program_for(a.model, a.config, a.dtype, target)
         todo = builds(program, a.variant, a.trace)
     except (AmkError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    arch = _arch(a.arch)
     jobs = [(arch, program.threads_per_block, program.blocks_per_cu, d) for _, d in todo]
     n = max(1, min(a.jobs or len(jobs), len(jobs), os.cpu_count() or 1))
     t0 = time.perf_counter()
