@@ -136,15 +136,15 @@ def _reads_kv(t: ir.Task) -> bool:
 # ----------------------------------------------------------------------------- copy-on-write edits
 def _set_task(prog: ir.Program, tid: int, **update) -> ir.Program:
     tasks = list(prog.tasks)
-    tasks[tid] = tasks[tid].model_copy(update=update)
-    return prog.model_copy(update={"tasks": tasks})
+    tasks[tid] = tasks[tid].replace(**update)
+    return prog.replace(tasks=tasks)
 
 
 def _set_tasks(prog: ir.Program, updates: dict[int, dict]) -> ir.Program:
     tasks = list(prog.tasks)
     for tid, up in updates.items():
-        tasks[tid] = tasks[tid].model_copy(update=up)
-    return prog.model_copy(update={"tasks": tasks})
+        tasks[tid] = tasks[tid].replace(**up)
+    return prog.replace(tasks=tasks)
 
 
 def _with_waits(waits: list[tuple[int, int]]) -> list[ir.Wait]:
@@ -163,22 +163,21 @@ def _pick(rng: random.Random, seq):
 def _set_operand(prog: ir.Program, tid: int, outputs: bool, i: int, **update) -> ir.Program:
     t = prog.tasks[tid]
     ops = list(t.outputs if outputs else t.inputs)
-    ops[i] = ops[i].model_copy(update=update)
+    ops[i] = ops[i].replace(**update)
     return _set_task(prog, tid, **{"outputs" if outputs else "inputs": ops})
 
 
 def _add_buffer(prog: ir.Program, **kw) -> tuple[ir.Program, int]:
     bid = len(prog.buffers)
-    return prog.model_copy(update={"buffers": list(prog.buffers) + [ir.Buffer(id=bid, **kw)]}), bid
+    return prog.replace(buffers=list(prog.buffers) + [ir.Buffer(id=bid, **kw)]), bid
 
 
 def _clone_into_own_queue(prog: ir.Program, src: ir.Task, waits: list[tuple[int, int]], tag: str) -> tuple[ir.Program, int, int]:
     """A copy of `src` with a fresh counter, alone on a new queue (so it cannot block anyone)."""
     cid, tid = len(prog.counters), len(prog.tasks)
-    clone = src.model_copy(update={"id": tid, "out_counter": cid, "waits": _with_waits(waits),
-                                   "name": f"{src.name}.{tag}"})
-    prog = prog.model_copy(update={"counters": list(prog.counters) + [ir.Counter(id=cid, name=tag)],
-                                   "tasks": list(prog.tasks) + [clone], "queues": list(prog.queues) + [[tid]]})
+    clone = src.replace(id=tid, out_counter=cid, waits=_with_waits(waits), name=f"{src.name}.{tag}")
+    prog = prog.replace(counters=[*prog.counters, ir.Counter(id=cid, name=tag)], tasks=[*prog.tasks, clone],
+                        queues=[*prog.queues, [tid]])
     return prog, tid, cid
 
 
@@ -248,7 +247,7 @@ def mut_queue_order_deadlock(prog: ir.Program, f: Facts, rng: random.Random) -> 
         q.insert(q.index(a), d)
         new = list(queues)
         new[q2] = q
-        return prog.model_copy(update={"queues": new}), \
+        return prog.replace(queues=new), \
             f"queue {q2}: task {d} moved before task {a}, which task {b} on queue {q1} waits for; {d} depends on a later task of queue {q1}"
     # no cross-queue site: a consumer moved in front of its producer on the producer's queue
     for b, a in sites[:1]:
@@ -256,7 +255,7 @@ def mut_queue_order_deadlock(prog: ir.Program, f: Facts, rng: random.Random) -> 
         new = [list(q) for q in queues]
         new[f.queue_of[b]].remove(b)
         new[q2].insert(new[q2].index(a), b)
-        return prog.model_copy(update={"queues": new}), f"task {b} moved in front of its producer {a} on queue {q2}"
+        return prog.replace(queues=new), f"task {b} moved in front of its producer {a} on queue {q2}"
     return None
 
 
@@ -400,13 +399,13 @@ def mut_dangling(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:
         qs = [list(q) for q in prog.queues]
         qi = rng.randrange(len(qs))
         qs[qi].insert(rng.randint(0, len(qs[qi])), nt + far)
-        return prog.model_copy(update={"queues": qs}), f"queue {qi} lists task {nt + far}"
+        return prog.replace(queues=qs), f"queue {qi} lists task {nt + far}"
     quant = [b for b in prog.buffers if b.scale is not None]
     if quant:
         b = rng.choice(quant)
         bufs = list(prog.buffers)
-        bufs[b.id] = b.model_copy(update={"scale": nb + far})
-        return prog.model_copy(update={"buffers": bufs}), f"quantized weight {b.id} names scale buffer {nb + far}"
+        bufs[b.id] = b.replace(scale=nb + far)
+        return prog.replace(buffers=bufs), f"quantized weight {b.id} names scale buffer {nb + far}"
     return _set_task(prog, t.id, out_counter=nc + far), f"task {t.id} signals counter {nc + far}"
 
 
@@ -437,12 +436,12 @@ def mut_kv_range(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:
         return None
     r = rng.choice([1, 1, 2, 16])
     if rng.random() < 0.5 or all(b.shape[0] <= 1 for b in kv):
-        return prog.model_copy(update={"kv_capacity": prog.kv_capacity + r}), f"kv_capacity {prog.kv_capacity} -> {prog.kv_capacity + r} (caches keep {kv[0].shape[0]} rows)"
+        return prog.replace(kv_capacity=prog.kv_capacity + r), f"kv_capacity {prog.kv_capacity} -> {prog.kv_capacity + r} (caches keep {kv[0].shape[0]} rows)"
     b = rng.choice([b for b in kv if b.shape[0] > 1])
     rows = max(1, b.shape[0] - r)
     bufs = list(prog.buffers)
-    bufs[b.id] = b.model_copy(update={"shape": [rows, b.shape[1]]})
-    return prog.model_copy(update={"buffers": bufs}), f"KV cache {b.id} ({b.name}) has {rows} rows for kv_capacity {prog.kv_capacity}"
+    bufs[b.id] = b.replace(shape=[rows, b.shape[1]])
+    return prog.replace(buffers=bufs), f"KV cache {b.id} ({b.name}) has {rows} rows for kv_capacity {prog.kv_capacity}"
 
 
 def mut_coresidency(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:
@@ -454,10 +453,10 @@ def mut_coresidency(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:
         cus = rng.randint(1, max(1, (nq - 1) // per_cu))
         if cus * per_cu < nq:
             target = t.model_copy(update={"compute_units": cus, "name": f"{t.name}-{cus}cu"})
-            return prog.model_copy(update={"target": target}), f"{nq} queues on a {cus}-CU {t.name} ({cus * per_cu} co-resident blocks)"
+            return prog.replace(target=target), f"{nq} queues on a {cus}-CU {t.name} ({cus * per_cu} co-resident blocks)"
     limit = t.compute_units * per_cu
     extra = limit - nq + rng.randint(1, 8)
-    return prog.model_copy(update={"queues": list(prog.queues) + [[] for _ in range(extra)]}), \
+    return prog.replace(queues=list(prog.queues) + [[] for _ in range(extra)]), \
         f"{nq + extra} queues for {limit} co-resident blocks"
 
 
@@ -467,10 +466,10 @@ def mut_unscheduled(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:
     qs = [list(q) for q in prog.queues]
     if rng.random() < 0.5 or len(qs) < 2:
         qs[f.queue_of[t.id]].remove(t.id)
-        return prog.model_copy(update={"queues": qs}), f"task {t.id} ({t.name}) removed from every queue"
+        return prog.replace(queues=qs), f"task {t.id} ({t.name}) removed from every queue"
     other = rng.choice([i for i in range(len(qs)) if i != f.queue_of[t.id]])
     qs[other].append(t.id)
-    return prog.model_copy(update={"queues": qs}), f"task {t.id} ({t.name}) also queued at the end of queue {other}"
+    return prog.replace(queues=qs), f"task {t.id} ({t.name}) also queued at the end of queue {other}"
 
 
 def mut_uninit_read(prog: ir.Program, f: Facts, rng: random.Random) -> Mutant:

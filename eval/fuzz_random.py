@@ -227,47 +227,47 @@ def _perturb(prog: ir.Program, rng: random.Random, size: list[int]) -> Optional[
     kind = rng.choice(["drop", "threshold", "threshold", "later", "self", "shuffle", "move", "shift", "redirect"])
     if kind == "drop" and t.waits:
         i = rng.randrange(len(t.waits))
-        tasks[t.id] = t.model_copy(update={"waits": [w for j, w in enumerate(t.waits) if j != i]})
-        return prog.model_copy(update={"tasks": tasks}), f"task {t.id} drops wait {i}"
+        tasks[t.id] = t.replace(waits=[w for j, w in enumerate(t.waits) if j != i])
+        return prog.replace(tasks=tasks), f"task {t.id} drops wait {i}"
     if kind == "threshold" and t.waits:
         i = rng.randrange(len(t.waits))
         w = t.waits[i]
         th = rng.choice([0, 1, max(1, w.threshold - 1), w.threshold + 1])
         waits = list(t.waits)
         waits[i] = ir.Wait(counter=w.counter, threshold=th)
-        tasks[t.id] = t.model_copy(update={"waits": waits})
-        return prog.model_copy(update={"tasks": tasks}), f"task {t.id} waits for {th} on counter {w.counter}"
+        tasks[t.id] = t.replace(waits=waits)
+        return prog.replace(tasks=tasks), f"task {t.id} waits for {th} on counter {w.counter}"
     if kind in ("later", "self") and len(t.waits) < ir.MAX_WAITS:
         c = t.out_counter if kind == "self" else rng.randrange(t.out_counter, len(prog.counters))
         th = rng.randint(1, size[c])
-        tasks[t.id] = t.model_copy(update={"waits": list(t.waits) + [ir.Wait(counter=c, threshold=th)]})
-        return prog.model_copy(update={"tasks": tasks}), f"task {t.id} also waits for {th} on counter {c}"
+        tasks[t.id] = t.replace(waits=list(t.waits) + [ir.Wait(counter=c, threshold=th)])
+        return prog.replace(tasks=tasks), f"task {t.id} also waits for {th} on counter {c}"
     if kind == "shuffle":
         qs = [list(q) for q in prog.queues]
         q = rng.choice(qs)
         rng.shuffle(q)
-        return prog.model_copy(update={"queues": qs}), "one queue shuffled"
+        return prog.replace(queues=qs), "one queue shuffled"
     if kind == "move":
         qs = [list(q) for q in prog.queues]
         src = next(q for q in qs if t.id in q)
         src.remove(t.id)
         dst = rng.choice(qs)
         dst.insert(rng.randint(0, len(dst)), t.id)
-        return prog.model_copy(update={"queues": [q for q in qs if q]}), f"task {t.id} moved"
+        return prog.replace(queues=[q for q in qs if q]), f"task {t.id} moved"
     if kind == "shift":
         i = rng.randrange(len(t.outputs))
         o = t.outputs[i]
         outs = list(t.outputs)
-        outs[i] = o.model_copy(update={"off": max(0, o.off + rng.choice([-2, -1, 1, 2]))})
-        tasks[t.id] = t.model_copy(update={"outputs": outs})
-        return prog.model_copy(update={"tasks": tasks}), f"task {t.id} output {i} shifted"
+        outs[i] = o.replace(off=max(0, o.off + rng.choice([-2, -1, 1, 2])))
+        tasks[t.id] = t.replace(outputs=outs)
+        return prog.replace(tasks=tasks), f"task {t.id} output {i} shifted"
     if kind == "redirect":
         acts = [b.id for b in prog.buffers if b.kind == K.ACTIVATION]
         flat = [i for i, o in enumerate(t.inputs) if prog.buffers[o.buf].kind == K.ACTIVATION]
         if flat:
             i = rng.choice(flat)
             ins = list(t.inputs)
-            ins[i] = ins[i].model_copy(update={"buf": rng.choice(acts)})
-            tasks[t.id] = t.model_copy(update={"inputs": ins})
-            return prog.model_copy(update={"tasks": tasks}), f"task {t.id} input {i} redirected"
+            ins[i] = ins[i].replace(buf=rng.choice(acts))
+            tasks[t.id] = t.replace(inputs=ins)
+            return prog.replace(tasks=tasks), f"task {t.id} input {i} redirected"
     return None

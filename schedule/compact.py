@@ -40,15 +40,17 @@ class CompactProgram:
     counter_scope[c] and name counter_names[c]. Task t's operands are n_in[t] + n_out[t]
     consecutive rows of `operands` (inputs first), after those of tasks 0..t-1; its waits
     likewise n_wait[t] rows of `waits`; queue q is the next queue_len[q] entries of
-    `queue_tasks`."""
+    `queue_tasks`. A Program keeps its compact form (`keep_compact`): nothing may write
+    into one (its sequences are tuples; its arrays stay writable only because the compiled
+    checks take every column as one array type)."""
 
     header: dict[str, Any]  # the Program's other fields (the target and meta as pydantic objects / values)
-    buffer_names: list[str]
+    buffer_names: tuple[str, ...]
     buffers: np.ndarray  # [nb, 10]: BUFFER_COLUMNS
-    counter_names: list[str]
+    counter_names: tuple[str, ...]
     counter_scope: np.ndarray  # [nc]
-    params: list  # the distinct params models, in order of first use
-    names: list[str]  # task names
+    params: tuple  # the distinct params models, in order of first use
+    names: tuple[str, ...]  # task names
     task_params: np.ndarray  # [nt] index into params
     out_counter: np.ndarray  # [nt]
     n_in: np.ndarray  # [nt]
@@ -96,18 +98,42 @@ COLUMN_NAMES = ("buffers", "counter_scope", "task_params", "out_counter", "n_in"
 
 
 def _ints(values: list) -> np.ndarray:
-    """Writable int64 array of a list of Python ints; raises on anything else (floats, > 64 bits)."""
+    """Writable int64 array of a list of Python ints; raises on anything else (floats, > 64 bits).
+    (Writable as every other column: the compiled checks take them as one type.)"""
     return np.frombuffer(bytearray(struct.pack(f"={len(values)}q", *values)), dtype=np.int64)
 
 
 def compact(prog: ir.Program) -> Optional[CompactProgram]:
     """The compact form of `prog`, or None if its ids are not 0..n-1 in order, a buffer's
     rank is outside 1..MAX_RANK or its scale/zero/group negative, or a value does not fit
-    in 64 bits (the validator's explaining path rejects all of these by name)."""
+    in 64 bits (the validator's explaining path rejects all of these by name). A program
+    built from frozen parts keeps the form it was built with (`keep_compact`); callers must
+    not write into its arrays."""
+    kept = _kept_compact(prog)
+    if kept is not None:
+        return kept
     try:
-        return _compact(prog)
+        return _compact(prog)[0]
     except (OverflowError, struct.error, TypeError):
         return None
+
+
+def keep_compact(prog: ir.Program) -> None:
+    """Make `prog`'s compact form and keep it with `prog` (`Program.model_post_init` calls
+    this), where nothing in `prog` can change in place: its sequences are tuples of frozen
+    objects. `compact(prog)` returns it while `prog`'s fields are those it was made from."""
+    try:
+        cp, frozen = _compact(prog)
+    except Exception:  # anything compact() cannot read: nothing kept (validate() judges it)
+        return
+    if frozen and cp is not None:
+        ir.keep(prog, "compact", tuple(_FIELDS(prog).values()), cp)
+
+
+def _kept_compact(prog) -> Optional[CompactProgram]:
+    if not isinstance(prog, ir.Program):
+        return None
+    return ir.kept(prog, "compact", tuple(_FIELDS(prog).values()))
 
 
 def _buffer_row(b: ir.Buffer) -> Optional[list]:
@@ -115,31 +141,47 @@ def _buffer_row(b: ir.Buffer) -> Optional[list]:
     shape, extra = f["shape"], (f["scale"], f["zero"], f["group"])
     if not 1 <= len(shape) <= ir.MAX_RANK or any(v is not None and v < 0 for v in extra):
         return None
-    return ([int(f["kind"]), int(f["dtype"]), len(shape)] + shape + [-1] * (ir.MAX_RANK - len(shape))
+    return ([int(f["kind"]), int(f["dtype"]), len(shape), *shape] + [-1] * (ir.MAX_RANK - len(shape))
             + [-1 if v is None else v for v in extra])
 
 
-def _compact(prog: ir.Program) -> Optional[CompactProgram]:
+def _all_of(cls: type, *seqs) -> bool:
+    """Whether every item of every sequence is exactly a `cls` (not a lookalike, not a subclass)."""
+    return all({*map(type, seq)} <= {cls} for seq in seqs)
+
+
+def _frozen_sequences(prog: ir.Program) -> bool:
+    """Whether `prog`'s sequences are tuples of its own frozen types (lists could change in
+    place under a kept compact form)."""
+    f = _FIELDS(prog)
+    bufs, counters, tasks, queues = f["buffers"], f["counters"], f["tasks"], f["queues"]
+    return (_all_of(tuple, (bufs, counters, tasks, queues), queues, [b.shape for b in bufs])
+            and _all_of(ir.Buffer, bufs) and _all_of(ir.Counter, counters) and _all_of(ir.Task, tasks))
+
+
+def _compact(prog: ir.Program) -> tuple[Optional[CompactProgram], bool]:
+    """(the compact form or None, whether nothing in `prog` can change in place)."""
     fields = _FIELDS(prog)
     header = {k: fields[k] for k in HEADER_FIELDS}
     bufs, counters = prog.buffers, prog.counters
     if any(b.id != i for i, b in enumerate(bufs)) or any(c.id != i for i, c in enumerate(counters)):
-        return None
+        return None, False
     buffer_rows = [_buffer_row(b) for b in bufs]
     if None in buffer_rows:
-        return None
+        return None, False
     tasks = prog.tasks
     if tasks:
         ids, params, inputs, outputs, waits, outc, names = zip(*map(_TASK, map(_FIELDS, tasks)))
     else:
         ids = params = inputs = outputs = waits = outc = names = ()
     if ids != tuple(range(len(tasks))):
-        return None
-    ops = chain.from_iterable(chain.from_iterable(zip(inputs, outputs)))
-    operands = _ints(list(chain.from_iterable(map(_OPERAND, map(_FIELDS, ops))))).reshape(-1, len(OPERAND_COLUMNS))
-    wv = _ints(list(chain.from_iterable(map(_WAIT, map(_FIELDS, chain.from_iterable(waits)))))).reshape(-1, 2)
-    # distinct params in order of first use; runs of equal params (the usual case) hashed once
+        return None, False
+    operand_objs = list(chain.from_iterable(chain.from_iterable(zip(inputs, outputs))))
+    wait_objs = list(chain.from_iterable(waits))
+    operands = _ints(list(chain.from_iterable(map(_OPERAND, map(_FIELDS, operand_objs))))).reshape(-1, len(OPERAND_COLUMNS))
+    wv = _ints(list(chain.from_iterable(map(_WAIT, map(_FIELDS, wait_objs))))).reshape(-1, 2)
     keys = list(map(tuple, map(dict.values, map(_FIELDS, params))))
+    # distinct params in order of first use; runs of equal params (the usual case) hashed once
     index: dict = {}
     distinct: list = []
     run_ids, run_lens = [], []
@@ -152,16 +194,19 @@ def _compact(prog: ir.Program) -> Optional[CompactProgram]:
         run_ids.append(i)
         run_lens.append(n)
         at += n
-    return CompactProgram(
-        header=header, buffer_names=[b.name for b in bufs],
+    cp = CompactProgram(
+        header=header, buffer_names=tuple(b.name for b in bufs),
         buffers=_ints(list(chain.from_iterable(buffer_rows))).reshape(-1, len(BUFFER_COLUMNS)),
-        counter_names=[c.name for c in counters], counter_scope=_ints([int(c.scope) for c in counters]),
-        params=distinct, names=list(names),
+        counter_names=tuple(c.name for c in counters), counter_scope=_ints([int(c.scope) for c in counters]),
+        params=tuple(distinct), names=tuple(names),
         task_params=np.repeat(np.array(run_ids, dtype=np.int64), run_lens),
         out_counter=_ints(list(outc)), n_in=_ints(list(map(len, inputs))), n_out=_ints(list(map(len, outputs))),
         n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,
         queue_len=_ints(list(map(len, prog.queues))), queue_tasks=_ints(list(chain.from_iterable(prog.queues))),
     )
+    frozen = (_frozen_sequences(prog) and _all_of(tuple, inputs, outputs, waits) and _all_of(ir.Operand, operand_objs)
+              and _all_of(ir.Wait, wait_objs) and {*map(type, params)} <= ir.PARAMS_TYPES)
+    return cp, frozen
 
 
 def expand(cp: CompactProgram) -> ir.Program:
@@ -174,17 +219,17 @@ def expand(cp: CompactProgram) -> ir.Program:
     o0 = w0 = 0
     for t, (pi, out, nin, o1, w1) in enumerate(zip(cp.task_params.tolist(), cp.out_counter.tolist(), cp.n_in.tolist(),
                                                     op_end, w_end)):
-        tasks.append(ir.Task(id=t, params=cp.params[pi], inputs=operands[o0:o0 + nin], outputs=operands[o0 + nin:o1],
-                             waits=waits[w0:w1], out_counter=out, name=cp.names[t]))
+        tasks.append(ir.Task(id=t, params=cp.params[pi], inputs=tuple(operands[o0:o0 + nin]),
+                             outputs=tuple(operands[o0 + nin:o1]), waits=tuple(waits[w0:w1]), out_counter=out, name=cp.names[t]))
         o0, w0 = o1, w1
     q_end = np.cumsum(cp.queue_len).tolist()
     flat = cp.queue_tasks.tolist()
-    queues = [flat[a - n:a] for a, n in zip(q_end, cp.queue_len.tolist())]
+    queues = tuple(tuple(flat[a - n:a]) for a, n in zip(q_end, cp.queue_len.tolist()))
     buffers = []
     for i, (name, row) in enumerate(zip(cp.buffer_names, cp.buffers.tolist())):
         kind, dtype, rank, *rest = row
         scale, zero, group = (None if v == -1 else v for v in rest[ir.MAX_RANK:])
-        buffers.append(ir.Buffer(id=i, name=name, kind=kind, dtype=dtype, shape=rest[:rank], scale=scale, zero=zero, group=group))
-    counters = [ir.Counter(id=i, name=name, scope=scope) for i, (name, scope) in enumerate(zip(cp.counter_names, cp.counter_scope.tolist()))]
-    return ir.Program.model_construct(**cp.header, buffers=buffers, counters=counters, tasks=tasks, queues=queues)
+        buffers.append(ir.Buffer(id=i, name=name, kind=kind, dtype=dtype, shape=tuple(rest[:rank]), scale=scale, zero=zero, group=group))
+    counters = tuple(ir.Counter(id=i, name=name, scope=scope) for i, (name, scope) in enumerate(zip(cp.counter_names, cp.counter_scope.tolist())))
+    return ir.Program.model_construct(**cp.header, buffers=tuple(buffers), counters=counters, tasks=tuple(tasks), queues=queues)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import json
+import typing
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -145,13 +146,66 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
 
+class _Frozen(_Model):
+    """A program and everything in it are frozen, their sequences tuples, so what is derived
+    from one once (its compact form, which the validator reads) stays true. To change one,
+    make a changed copy: `replace(...)`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    def replace(self, **fields: Any):
+        """A copy with `fields` replaced, lists given as tuples: how a frozen IR object is
+        changed. Not validated, as `model_copy(update=...)`; the copy derives what it keeps
+        (a program's compact form) from its own fields."""
+        copy = self.model_copy(update={k: _tupled(v) for k, v in fields.items()})
+        copy.model_post_init(None)
+        return copy
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(map(_tupled, value)) if isinstance(value, (list, tuple)) else value
+
+
+class _Kept:
+    """A value derived from a frozen IR object, kept beside it with the fields it was derived
+    from. Not part of the object's value: any two compare equal, so model equality (which
+    compares private state too) ignores it."""
+
+    __slots__ = ("source", "value")
+
+    def __init__(self, source: tuple, value: Any):
+        self.source, self.value = source, value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Kept)
+
+    __hash__ = None
+
+
+def keep(obj: BaseModel, name: str, source: tuple, value: Any) -> None:
+    """Keep `value`, derived from `source` (`obj`'s fields that it depends on), with `obj`."""
+    private = obj.__pydantic_private__
+    if private is None:
+        object.__setattr__(obj, "__pydantic_private__", {name: _Kept(source, value)})
+    else:
+        private[name] = _Kept(source, value)
+
+
+def kept(obj: BaseModel, name: str, source: tuple) -> Any:
+    """What `keep` kept with `obj` under `name`, if derived from `source` (its fields now:
+    a copy with replaced fields carries its original's, and must not use them); else None."""
+    private = getattr(obj, "__pydantic_private__", None)
+    k = private.get(name) if private else None
+    return k.value if k is not None and k.source == source else None
+
+
 # ------------------------------------------------------------------ data objects
-class Buffer(_Model):
+class Buffer(_Frozen):
     id: int
     name: str
     kind: BufferKind
     dtype: DType
-    shape: list[int]
+    shape: tuple[int, ...]
     # quantized weights: companions [rows, cols/group] of per-group scale and minimum
     scale: Optional[int] = None
     zero: Optional[int] = None
@@ -165,18 +219,18 @@ class Buffer(_Model):
         return n
 
 
-class Counter(_Model):
+class Counter(_Frozen):
     id: int
     name: str = ""
     scope: Scope = Scope.DEVICE
 
 
-class Wait(_Model):
+class Wait(_Frozen):
     counter: int
     threshold: int
 
 
-class Operand(_Model):
+class Operand(_Frozen):
     buf: int
     off: int
     len: int
@@ -186,7 +240,7 @@ class Operand(_Model):
 
 
 # ------------------------------------------------------------------ per-op params
-class EmbedParams(_Model):
+class EmbedParams(_Frozen):
     """inputs: [token (I32, len 1), table column tile (off=c0, len=n, count=vocab,
     stride=hidden)]; outputs: [x tile (len n)]. x = table[token, c0:c0+n]."""
 
@@ -195,7 +249,7 @@ class EmbedParams(_Model):
     hidden: int
 
 
-class RmsNormParams(_Model):
+class RmsNormParams(_Frozen):
     """inputs: [x (the whole vector, len hidden), gamma tile (len n)];
     outputs: [y tile (len n)]. y = x[col:col+n] * rsqrt(mean(x^2) + eps) * gamma."""
 
@@ -205,7 +259,7 @@ class RmsNormParams(_Model):
     eps: float
 
 
-class GemvParams(_Model):
+class GemvParams(_Frozen):
     """A slab of rows of y = W x, with fused prologue and epilogue.
 
     inputs, in this order (bracketed ones only when their flag says so; opspec.input_roles
@@ -252,7 +306,7 @@ class GemvParams(_Model):
     unpack: int = 0  # quantized unpack strategy (VM knob; semantics unchanged)
 
 
-class ReduceParams(_Model):
+class ReduceParams(_Frozen):
     """inputs: [partials (count=split_k, stride=total row width of the scratch, len rows*m)]
     then the epilogue extras exactly as GEMV lists them ([bias], [residual],
     [head_gamma], [inv_freq, pos] / [pos]); outputs: [y] as GEMV's."""
@@ -266,7 +320,7 @@ class ReduceParams(_Model):
     head_norm_eps: Optional[float] = None
 
 
-class RopeParams(_Model):
+class RopeParams(_Frozen):
     """inputs: [x (len heads*head_dim), inv_freq (len head_dim/2), pos]; outputs: [y (len
     heads*head_dim)]. Rotate-half RoPE per head at the runtime position."""
 
@@ -275,7 +329,7 @@ class RopeParams(_Model):
     heads: int
 
 
-class HeadNormParams(_Model):
+class HeadNormParams(_Frozen):
     """inputs: [x (len heads*head_dim), gamma (len head_dim)]; outputs: [y same len].
     RMSNorm over each head separately."""
 
@@ -285,14 +339,14 @@ class HeadNormParams(_Model):
     eps: float
 
 
-class KvAppendParams(_Model):
+class KvAppendParams(_Frozen):
     """inputs: [src (len n), pos]; outputs: [cache (kv=APPEND, columns off..off+n)]."""
 
     op: Literal[Op.KV_APPEND] = Op.KV_APPEND
     n: int
 
 
-class AttnPartialParams(_Model):
+class AttnPartialParams(_Frozen):
     """Attention of `q_heads` query heads sharing one KV head over split `split` of
     `splits` of the positions 0..pos (chunk = ceil(ceil((pos+1)/splits)/block)*block).
 
@@ -314,7 +368,7 @@ class AttnPartialParams(_Model):
     scale: float
 
 
-class AttnCombineParams(_Model):
+class AttnCombineParams(_Frozen):
     """inputs: [o partials of KV head g (off g*splits*q_heads*head_dim, len
     splits*q_heads*head_dim), ml (off g*splits*q_heads*2, len splits*q_heads*2)];
     outputs: [o (off g*q_heads*head_dim, len q_heads*head_dim)]:
@@ -326,21 +380,21 @@ class AttnCombineParams(_Model):
     splits: int
 
 
-class SiluMulParams(_Model):
+class SiluMulParams(_Frozen):
     """inputs: [gate (len n), up (len n)]; outputs: [y (len n)] = silu(gate) * up."""
 
     op: Literal[Op.SILU_MUL] = Op.SILU_MUL
     n: int
 
 
-class AddParams(_Model):
+class AddParams(_Frozen):
     """inputs: [a (len n), b (len n)]; outputs: [y (len n)] = a + b."""
 
     op: Literal[Op.ADD] = Op.ADD
     n: int
 
 
-class ArgmaxParams(_Model):
+class ArgmaxParams(_Frozen):
     """The first index of the maximum (a NaN is maximal), whole or in slices.
 
     WHOLE: inputs [logits (len n)]; outputs [token (I32, len 1)].
@@ -373,14 +427,15 @@ Params = Annotated[
     ],
     Field(discriminator="op"),
 ]
+PARAMS_TYPES = frozenset(typing.get_args(typing.get_args(Params)[0]))  # one params model per op
 
 
-class Task(_Model):
+class Task(_Frozen):
     id: int
     params: Params
-    inputs: list[Operand]
-    outputs: list[Operand]
-    waits: list[Wait] = []
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Operand, ...]
+    waits: tuple[Wait, ...] = ()
     out_counter: int
     name: str = ""
 
@@ -411,19 +466,23 @@ class GpuTarget(_Model):
 
 
 # ------------------------------------------------------------------ program
-class Program(_Model):
+class Program(_Frozen):
     version: int = IR_VERSION
     name: str = ""
     target: GpuTarget
     threads_per_block: int = 256
     blocks_per_cu: int = 1
     kv_capacity: int = 0
-    buffers: list[Buffer]
-    counters: list[Counter]
-    tasks: list[Task]
-    queues: list[list[int]]
+    buffers: tuple[Buffer, ...]
+    counters: tuple[Counter, ...]
+    tasks: tuple[Task, ...]
+    queues: tuple[tuple[int, ...], ...]
     # the ScheduleConfig and model facts this program was lowered from (provenance only)
     meta: dict[str, Any] = {}
+    def model_post_init(self, context: Any) -> None:
+        from amk.schedule.compact import keep_compact  # (that module builds on this one)
+
+        keep_compact(self)  # the form the validator reads, made once
 
     def to_json(self, indent: Optional[int] = None) -> str:
         return self.model_dump_json(indent=indent)

@@ -238,7 +238,7 @@ class _Lowering:
     def buf(self, name: str, kind: BufferKind, dtype: DType, shape: list[int], **kw) -> Buffer:
         if name in self.by_name:
             b = self.by_name[name]
-            assert (b.kind, b.dtype, b.shape) == (kind, dtype, shape), name
+            assert (b.kind, b.dtype, b.shape) == (kind, dtype, tuple(shape)), name
             return b
         b = Buffer(id=len(self.buffers), name=name, kind=kind, dtype=dtype, shape=shape, **kw)
         self.buffers.append(b)
@@ -612,12 +612,7 @@ class _Lowering:
         counters = self.counters
         if self.xcds > 1:
             counters = placement.narrow_scopes(counters, self.tasks, queues, n_xcd)
-        prog = Program(
-            name=self.spec.name, target=self.target, threads_per_block=cfg.threads_per_block,
-            blocks_per_cu=cfg.blocks_per_sm, kv_capacity=self.kv_capacity, buffers=self.buffers,
-            counters=counters, tasks=self.tasks, queues=queues,
-        )
-        prog.meta = {
+        meta = {
             "model": self.spec.name,
             "family": self.spec.family,
             "dtype": self.dtype.name,
@@ -628,12 +623,16 @@ class _Lowering:
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
         if self.permuted:
-            prog.meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim,
-                                             "permuted": self.permuted}
+            meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim, "permuted": self.permuted}
         if cfg.quant == "gguf":  # which matrices run in the file's own blocks
-            prog.meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source
-                                        for b in self.buffers if b.group is not None}
-        prog.meta["stats"] = program_stats(prog)
+            meta["gguf_native"] = {b.name: self.native[source_name(b.name, self.spec)].source
+                                   for b in self.buffers if b.group is not None}
+        prog = Program(
+            name=self.spec.name, target=self.target, threads_per_block=cfg.threads_per_block,
+            blocks_per_cu=cfg.blocks_per_sm, kv_capacity=self.kv_capacity, buffers=self.buffers,
+            counters=counters, tasks=self.tasks, queues=queues, meta=meta,
+        )
+        prog.meta["stats"] = program_stats(prog)  # (the dict stays writable; provenance only)
         return prog
 
 

@@ -126,8 +126,8 @@ def bind_weights(program: Program, spec: ModelSpec, weights: dict[str, torch.Ten
         if src not in weights:
             raise KeyError(f"weight {src!r} (for buffer {b.name!r}) is missing")
         w = weights[src].detach()
-        if list(w.shape) != b.shape:
-            raise ValueError(f"{src}: shape {list(w.shape)} != buffer shape {b.shape}")
+        if tuple(w.shape) != b.shape:
+            raise ValueError(f"{src}: shape {list(w.shape)} != buffer shape {list(b.shape)}")
         w = rows_in_order(b, w)  # before quantization: scales and zeros follow their rows
         if b.dtype in TORCH_DTYPES:
             out[b.name] = w.to(TORCH_DTYPES[b.dtype]).contiguous()

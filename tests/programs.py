@@ -84,6 +84,17 @@ class Builder:
                        queues=[q for q in self.queues if q])
 
 
+def with_threshold(prog: Program, task_id: int, threshold: int, wait: int = 0) -> Program:
+    """`prog` with task `task_id`'s wait number `wait` set to `threshold` (a program is frozen:
+    a changed one is a copy)."""
+    t = prog.tasks[task_id]
+    waits = list(t.waits)
+    waits[wait] = waits[wait].replace(threshold=threshold)
+    tasks = list(prog.tasks)
+    tasks[task_id] = t.replace(waits=waits)
+    return prog.replace(tasks=tasks)
+
+
 def opd(b: Buffer, off: int = 0, len: Optional[int] = None, count: int = 1, stride: int = 0,
         kv: KvMode = KvMode.NONE) -> Operand:
     """An operand; `len` defaults to the whole buffer."""

@@ -64,7 +64,7 @@ def test_equal_params_are_stored_once(programs):
 
 def test_no_compact_form_without_dense_task_ids(programs):
     prog = programs[0]
-    shuffled = prog.model_copy(update={"tasks": [prog.tasks[1], prog.tasks[0]] + prog.tasks[2:]})
+    shuffled = prog.model_copy(update={"tasks": (prog.tasks[1], prog.tasks[0], *prog.tasks[2:])})
     assert compact(shuffled) is None
     res = validate(shuffled)
     assert not res.accepted and "ids" in {v.check for v in res.violations}
@@ -86,7 +86,7 @@ def test_hash_sees_every_column(programs):
         col.reshape(-1)[-1] += 1
         assert V.program_hash(dataclasses.replace(cp, **{name: col})) != h, name
     for name in ("names", "buffer_names", "counter_names"):
-        renamed = dataclasses.replace(cp, **{name: ["x"] + getattr(cp, name)[1:]})
+        renamed = dataclasses.replace(cp, **{name: ("x", *getattr(cp, name)[1:])})
         assert V.program_hash(renamed) != h, name
 
 

@@ -62,7 +62,7 @@ def test_oracle_flags_deadlock(layered):
 def test_oracle_flags_dropped_wait_race():
     prog = _two_writers_one_reader(2)
     c = prog.tasks[2].model_copy(update={"waits": []})
-    prog = prog.model_copy(update={"tasks": prog.tasks[:2] + [c]})
+    prog = prog.model_copy(update={"tasks": (*prog.tasks[:2], c)})
     v = judge(prog)
     assert not v.safe and "race" in v.labels
 

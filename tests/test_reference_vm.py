@@ -27,6 +27,7 @@ from programs import (
     lm_head_program,
     opd,
     tiny_model_program,
+    with_threshold,
 )
 from refs import attention, dequant, hf_rmsnorm, hf_rope, unpack_u4_slow
 from vm_cases import hf_model
@@ -223,9 +224,8 @@ def _add_chain(*, threshold: int = 1, wait: bool = True, same_queue: bool = Fals
     b.task(AddParams(n=4), [opd(a_), opd(b_)], [opd(x)], stage=s1, queue=0, name="first")
     t2 = b.task(AddParams(n=4), [opd(x), opd(b_)], [opd(y)], stage=s2, after=[s1] if wait else [],
                 queue=0 if same_queue else 1, name="second")
-    if wait:
-        t2.waits[0].threshold = threshold
-    return b.build(), {"a": torch.arange(4.0), "b": torch.ones(4)}
+    prog = with_threshold(b.build(), t2.id, threshold) if wait else b.build()
+    return prog, {"a": torch.arange(4.0), "b": torch.ones(4)}
 
 
 def test_unsatisfiable_wait_deadlocks():
@@ -236,7 +236,7 @@ def test_unsatisfiable_wait_deadlocks():
 
 def test_queue_order_against_the_dag_deadlocks():
     prog, t = _add_chain()
-    prog.queues = [[1, 0]]  # the waiter sits in front of its only producer on the same block
+    prog = prog.replace(queues=[[1, 0]])  # the waiter sits in front of its only producer on the same block
     with pytest.raises(DeadlockError, match="task 1 'second'"):
         ReferenceVM(prog, t, check=False).run_step(0, 0)
 
@@ -253,12 +253,12 @@ def test_unwritten_output_stays_poisoned():
     prog, t = lm_head_program(slabs=3)
     last_slab = next(x for x in prog.tasks if x.name.startswith("head[") and x.outputs[0].off > 0)
     argmax = next(x for x in prog.tasks if x.name == "argmax")
-    prog.queues = [[i for i in q if i not in (last_slab.id, argmax.id)] for q in prog.queues]
-    prog.tasks = [x for x in prog.tasks if x.id not in (last_slab.id, argmax.id)]
-    for x in prog.tasks:  # nobody waits on the removed slab any more
-        for w in x.waits:
-            if w.counter == last_slab.out_counter:
-                w.threshold -= 1
+    gone = (last_slab.id, argmax.id)
+    queues = tuple(tuple(i for i in q if i not in gone) for q in prog.queues)
+    tasks = tuple(x.model_copy(update={"waits": tuple(  # nobody waits on the removed slab any more
+        w.model_copy(update={"threshold": w.threshold - 1}) if w.counter == last_slab.out_counter else w for w in x.waits)})
+        for x in prog.tasks if x.id not in gone)
+    prog = prog.model_copy(update={"queues": queues, "tasks": tasks})
     out = ReferenceVM(prog, t, check=False).run_step(1, 0)
     lo, n = last_slab.outputs[0].off, last_slab.outputs[0].len
     assert out["logits"][lo : lo + n].isnan().all() and not out["logits"][:lo].isnan().any()

@@ -9,11 +9,12 @@ import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
+from pydantic import ValidationError
 
 from amk.eval.synthetic import layered_program
 from amk.schedule import ir, validate as V
 from amk.schedule.ir import BufferKind as K, DType as D
-from amk.schedule.validate import validate
+from amk.schedule.validate import program_hash, validate
 from amk.schedule.compact import compact
 from amk.schedule.validator import fast
 from amk.schedule.validator.report import CHECK_GROUPS, Report
@@ -426,9 +427,9 @@ def _renumbered(prog: ir.Program, seed: int) -> ir.Program:
     order = list(range(len(prog.tasks)))
     random.Random(seed).shuffle(order)
     new_id = {old: new for new, old in enumerate(order)}
-    tasks = [prog.tasks[old].model_copy(update={"id": new}) for new, old in enumerate(order)]
+    tasks = [prog.tasks[old].replace(id=new) for new, old in enumerate(order)]
     queues = [[new_id[t] for t in q] for q in prog.queues]
-    return prog.model_copy(update={"tasks": tasks, "queues": queues})
+    return prog.replace(tasks=tasks, queues=queues)
 
 
 @pytest.mark.parametrize("layers,width,hidden", [(1, 1, 32), (2, 4, 64), (4, 36, 1152)])
@@ -463,28 +464,66 @@ def test_paths_agree_on_xcd_scoped_counters(base):
     assert _agree(ir.Program.model_validate(d))
 
 
-def test_fast_path_reads_the_program_on_every_call():
-    """No memo: a program changed in place after an accepted validation is judged anew."""
+def _replace_task(prog: ir.Program, tid: int, **fields) -> ir.Program:
+    tasks = list(prog.tasks)
+    tasks[tid] = tasks[tid].replace(**fields)
+    return prog.replace(tasks=tasks)
+
+
+def test_a_program_cannot_change_in_place():
+    """A program and everything in it are frozen and its sequences tuples, so the compact
+    form it keeps from when it was built (what the validator reads) cannot go stale."""
+    prog = layered_program(layers=2, width=4, hidden=64)
+    task = prog.tasks[5]
+    for obj, field, value in ((prog, "queues", ()), (task, "waits", ()), (task.waits[0], "threshold", 1),
+                              (task.inputs[0], "off", 1), (task.params, "k", 1), (prog.buffers[0], "shape", (2,)),
+                              (prog.counters[0], "scope", ir.Scope.XCD)):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(obj, field, value)
+    for seq in (prog.tasks, prog.buffers, prog.queues[0], task.inputs, task.waits, prog.buffers[0].shape):
+        assert type(seq) is tuple
+    assert compact(prog) is compact(prog)  # kept, not made again
+
+
+def test_a_changed_copy_is_judged_anew():
+    """A copy with a field replaced is judged on its own fields, not on the compact form its
+    original kept (model_copy copies that along; `replace` derives its own)."""
     prog = layered_program(layers=2, width=4, hidden=64)
     assert validate(prog).accepted
-    prog.tasks[5].waits = []
+    tasks = list(prog.tasks)
+    tasks[5] = tasks[5].model_copy(update={"waits": ()})
+    for dropped in (prog.replace(tasks=tasks), prog.model_copy(update={"tasks": tuple(tasks)})):
+        res = validate(dropped)
+        assert not res.accepted and "read-after-write" in {v.check for v in res.violations}
+    moved = prog.model_copy(update={"queues": prog.queues[::-1]})
+    assert validate(moved).certificate.program_hash == program_hash(moved) != program_hash(prog)
+    for same in (copy.copy(prog), copy.deepcopy(prog), ir.Program.model_validate_json(prog.to_json())):
+        assert validate(same).certificate.program_hash == program_hash(prog)
+
+
+def test_a_program_of_lists_is_read_on_every_call():
+    """A program built around validation (model_construct) with lists in it keeps no compact
+    form: changed in place after an accepted validation, it is judged anew."""
+    base = layered_program(layers=2, width=4, hidden=64)
+    prog = ir.Program.model_construct(**{**base.__dict__, "tasks": list(base.tasks)})
+    assert validate(prog).accepted
+    prog.tasks[5] = prog.tasks[5].model_copy(update={"waits": ()})
     res = validate(prog)
     assert not res.accepted and "read-after-write" in {v.check for v in res.violations}
 
 
-def test_fast_path_rereads_params_changed_in_place():
-    """The entry-table memos are keyed by the params' field values, read on every call: params
-    changed in place after an accepted validation are judged anew (the memoised table of the
-    old values is not reused), and the shared tables cannot be written."""
+def test_fast_path_rereads_changed_params():
+    """The entry-table memos are keyed by the params' field values: a program whose params
+    differ from an accepted one's is judged anew (the memoised table of the old values is
+    not reused), and the shared tables cannot be written."""
     prog = layered_program(layers=2, width=4, hidden=64)
     cp = compact(prog)
     assert fast.verify(cp) is not None and validate(prog).accepted
     entry = next(t for t in prog.tasks if t.params.op == ir.Op.EMBED)
-    entry.params.vocab += 1  # the table operand's count no longer matches
-    assert fast.verify(compact(prog)) is None
-    res = validate(prog)
+    changed = _replace_task(prog, entry.id, params=entry.params.replace(vocab=entry.params.vocab + 1))
+    assert fast.verify(compact(changed)) is None  # the table operand's count no longer matches
+    res = validate(changed)
     assert not res.accepted and "params" in {v.check for v in res.violations}
-    entry.params.vocab -= 1
     assert validate(prog).accepted
     tables = [v for v in fast._TABLES.values() if v is not None]
     assert tables and not any(t.flags.writeable for t in tables)

@@ -13,7 +13,7 @@ import torch
 
 from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
 from amk.vm.reference import ReferenceVM
-from programs import Builder, GemvCase, lm_head_program, opd
+from programs import Builder, GemvCase, lm_head_program, opd, with_threshold
 
 K = BufferKind
 TORCH = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
@@ -147,8 +147,7 @@ def hang_program():
     s1, s2 = b.stage("first"), b.stage("second")
     b.task(AddParams(n=4), [opd(a_), opd(b_)], [opd(x)], stage=s1, queue=0, name="first")
     t2 = b.task(AddParams(n=4), [opd(x), opd(b_)], [opd(y)], stage=s2, after=[s1], queue=1, name="second")
-    t2.waits[0].threshold = 2
-    return b.build(), {"a": torch.arange(4.0), "b": torch.ones(4)}
+    return with_threshold(b.build(), t2.id, 2), {"a": torch.arange(4.0), "b": torch.ones(4)}
 
 
 def hf_model(family: str):

@@ -231,7 +231,7 @@ def check_buffers(prog: ir.Program, rep: Report) -> None:
     nb = len(prog.buffers)
     for b in prog.buffers:
         if not (1 <= len(b.shape) <= ir.MAX_RANK) or any(d < 1 for d in b.shape):
-            rep.add("params", f"buffer {b.id} ({b.name}) has shape {b.shape}; need rank 1..{ir.MAX_RANK}, positive dims.", buffers=[b.id])
+            rep.add("params", f"buffer {b.id} ({b.name}) has shape {list(b.shape)}; need rank 1..{ir.MAX_RANK}, positive dims.", buffers=[b.id])
             continue
         if b.numel > ir.MAX_BUFFER_ELEMS:
             rep.add("capacity", f"buffer {b.id} ({b.name}) has {b.numel} elements, over MAX_BUFFER_ELEMS.", buffers=[b.id])
@@ -239,7 +239,7 @@ def check_buffers(prog: ir.Program, rep: Report) -> None:
             rep.add("dtype", f"buffer {b.id} ({b.name}) has dtype {b.dtype.name}, which {t.name} does not support.", buffers=[b.id])
         if b.kind == K.KV_CACHE:
             if len(b.shape) != 2 or b.shape[0] != prog.kv_capacity:
-                rep.add("kv-range", f"KV cache {b.id} ({b.name}) has shape {b.shape}; it must be [kv_capacity={prog.kv_capacity}, width].", buffers=[b.id])
+                rep.add("kv-range", f"KV cache {b.id} ({b.name}) has shape {list(b.shape)}; it must be [kv_capacity={prog.kv_capacity}, width].", buffers=[b.id])
             if b.dtype not in FLOAT:
                 rep.add("dtype", f"KV cache {b.id} ({b.name}) must hold floats.", buffers=[b.id])
         if b.dtype in QUANT:
@@ -261,7 +261,7 @@ def _check_quant_buffer(b: ir.Buffer, prog: ir.Program, nb: int, rep: Report) ->
         return
     if b.dtype == D.U4 and cols % 2:
         rep.add("quant-shape", f"U4 buffer {b.id} ({b.name}) needs an even column count.", buffers=[b.id])
-    want = [rows, cols // g]
+    want = (rows, cols // g)
     companions = [("scale", b.scale)] + ([("zero", b.zero)] if b.dtype == D.U4 else [])
     if b.dtype == D.I8 and b.zero is not None:
         rep.add("quant-shape", f"I8 buffer {b.id} ({b.name}) is symmetric and takes no zero.", buffers=[b.id])
@@ -273,9 +273,9 @@ def _check_quant_buffer(b: ir.Buffer, prog: ir.Program, nb: int, rep: Report) ->
             rep.add("reference", f"quantized buffer {b.id} ({b.name}) names {what} buffer {cid}, which does not exist.", buffers=[b.id])
             continue
         c = prog.buffers[cid]
-        if c.shape != want or c.kind not in IMMUTABLE or c.dtype not in FLOAT:
+        if tuple(c.shape) != want or c.kind not in IMMUTABLE or c.dtype not in FLOAT:
             rep.add("quant-shape", f"{what} buffer {cid} ({c.name}) of {b.name} must be an immutable float [{rows}, {cols // g}], "
-                    f"is {c.kind.name} {c.dtype.name} {c.shape}.", buffers=[b.id, cid])
+                    f"is {c.kind.name} {c.dtype.name} {list(c.shape)}.", buffers=[b.id, cid])
 
 
 class OperandTable:
