@@ -49,8 +49,13 @@ def _numba_version() -> str | None:
 
 
 def _timed(fn, repeats: int) -> list[float]:
+    """Seconds per call of fn, each after a garbage collection: the programs just built are
+    examined then, not in the first full collection that the timed calls' allocations set off
+    (a pass over every object of hundreds of programs: a cost of building them, not of
+    validating them)."""
     out = []
     for _ in range(repeats):
+        gc.collect()
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
