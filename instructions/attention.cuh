@@ -573,17 +573,6 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
   return 2 * splits * qh + qh;
 }
 
-// Where the combine may stage its fp32 partials (splits * n words, 16-byte aligned) after its
-// weights: when the launch's shared memory holds them (vm/loader.smem_words reserves them up to
-// a cap), else nullptr. AMK_COMBINE_STAGE=0 never stages.
-#ifndef AMK_COMBINE_STAGE
-#define AMK_COMBINE_STAGE 1
-#endif
-AMK_DEVICE float* amk_combine_stage(const AmkCtx& c, float* wm, long long splits, long long n) {
-  const long long at = (amk_smem_attn_combine(*c.t) + 3) & ~3LL;
-  return AMK_COMBINE_STAGE && at + splits * n <= c.smem_words ? wm + at : nullptr;
-}
-
 // y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order
 // with their loads batched and typed (amk_float_dispatch). Element s * n + i of the partials:
 // the lowering gives each split one run of n (or one run for all), so its address is off +
@@ -595,35 +584,12 @@ struct AmkCombineOutputs {
   const AmkOperand& y;
   const float* wm;
   const float* den;
-  float* stage;  // amk_combine_stage, or nullptr
   int qh, hd, splits;
   template <int DT>
   AMK_DEVICE void run() const {
     const amk_i64 n = (amk_i64)qh * hd;
     const bool one_run_per_split = po.count <= 1 || po.len == n;
     const amk_i64 step = po.count <= 1 ? n : po.stride;
-    if (DT == AMK_DTYPE_F32 && stage && one_run_per_split && n % 4 == 0 && step % 4 == 0 && po.off % 4 == 0 && ptr % 16 == 0) {
-      // every split's run copied to shared memory at once (one round trip, no registers held),
-      // then summed from there: the same terms in the same order as below
-      const int q4 = (int)n / 4, st = (int)step;
-      const float* src = (const float*)ptr + po.off;
-      for (int q = threadIdx.x; q < splits * q4; q += blockDim.x) {
-        const int s = q / q4, j = 4 * (q - s * q4);
-        amk_copy16_async(stage + s * (int)n + j, src + s * st + j);
-      }
-      amk_copy_async_wait();
-      amk_syncthreads();
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int h = i / hd;
-        float num = 0.0f;
-        for (int s = 0; s < splits; ++s) {  // amk_ordered_sum's arithmetic, from shared memory
-          const float x = amk_mul(wm[s * qh + h], stage[s * n + i]);
-          num = s == 0 ? x : amk_add(num, x);
-        }
-        amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
-      }
-      return;
-    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const int h = i / hd;
       const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
@@ -667,7 +633,6 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  float* stage = amk_combine_stage(c, wm, splits, (long long)qh * hd);
-  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, stage, qh, hd, splits});
+  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

@@ -217,13 +217,9 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
         return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
-    if op == Op.ATTN_COMBINE:  # weights | the partials staged (amk_combine_stage), when not too many
-        staged = p.splits * p.q_heads * p.head_dim
-        return r4(2 * p.splits * p.q_heads + p.q_heads) + (staged if staged <= COMBINE_STAGE_MAX_WORDS else 0)
+    if op == Op.ATTN_COMBINE:
+        return 2 * p.splits * p.q_heads + p.q_heads
     return 0
-
-
-COMBINE_STAGE_MAX_WORDS = 16384  # 64 KiB: the most shared memory a combine stages its partials in
 
 
 class PackedProgram:
