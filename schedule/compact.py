@@ -1,10 +1,10 @@
 """The compact form of a `Program`: its buffers, counters and tasks as integer columns.
 
 A `Program` holds one pydantic object per buffer, task, operand and wait, which is the
-right form to write, read and edit, but reading a few hundred of them costs milliseconds in
+right form to write and read, but reading a few hundred of them costs a millisecond in
 Python. `CompactProgram` is the same program in int64 arrays (plus the names, the distinct
-params, the target and meta); the validator's fast path and the program digest read it,
-and anything that makes many programs (fuzzing, search) can build it directly.
+params, the target and meta); the validator's fast path and the program digest read it.
+A frozen Program makes it once, when it is built, and keeps it (`keep_compact`).
 
 `compact(program)` and `expand(compact)` are exact inverses for programs whose ids are
 dense and in order (as `validate()` requires); `compact` returns None for any other program
