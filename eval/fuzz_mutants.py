@@ -135,16 +135,11 @@ def _reads_kv(t: ir.Task) -> bool:
 
 # ----------------------------------------------------------------------------- copy-on-write edits
 def _set_task(prog: ir.Program, tid: int, **update) -> ir.Program:
-    tasks = list(prog.tasks)
-    tasks[tid] = tasks[tid].replace(**update)
-    return prog.replace(tasks=tasks)
+    return prog.with_tasks(prog.tasks[tid].replace(**update))
 
 
 def _set_tasks(prog: ir.Program, updates: dict[int, dict]) -> ir.Program:
-    tasks = list(prog.tasks)
-    for tid, up in updates.items():
-        tasks[tid] = tasks[tid].replace(**up)
-    return prog.replace(tasks=tasks)
+    return prog.with_tasks(*(prog.tasks[tid].replace(**up) for tid, up in updates.items()))
 
 
 def _with_waits(waits: list[tuple[int, int]]) -> list[ir.Wait]:

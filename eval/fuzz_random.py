@@ -222,26 +222,23 @@ def random_program(rng: random.Random, *, perturb: bool = False, max_stages: int
 
 
 def _perturb(prog: ir.Program, rng: random.Random, size: list[int]) -> Optional[tuple[ir.Program, str]]:
-    tasks = list(prog.tasks)
-    t = rng.choice(tasks)
+    t = rng.choice(prog.tasks)
     kind = rng.choice(["drop", "threshold", "threshold", "later", "self", "shuffle", "move", "shift", "redirect"])
     if kind == "drop" and t.waits:
         i = rng.randrange(len(t.waits))
-        tasks[t.id] = t.replace(waits=[w for j, w in enumerate(t.waits) if j != i])
-        return prog.replace(tasks=tasks), f"task {t.id} drops wait {i}"
+        return prog.with_tasks(t.replace(waits=[w for j, w in enumerate(t.waits) if j != i])), f"task {t.id} drops wait {i}"
     if kind == "threshold" and t.waits:
         i = rng.randrange(len(t.waits))
         w = t.waits[i]
         th = rng.choice([0, 1, max(1, w.threshold - 1), w.threshold + 1])
         waits = list(t.waits)
         waits[i] = ir.Wait(counter=w.counter, threshold=th)
-        tasks[t.id] = t.replace(waits=waits)
-        return prog.replace(tasks=tasks), f"task {t.id} waits for {th} on counter {w.counter}"
+        return prog.with_tasks(t.replace(waits=waits)), f"task {t.id} waits for {th} on counter {w.counter}"
     if kind in ("later", "self") and len(t.waits) < ir.MAX_WAITS:
         c = t.out_counter if kind == "self" else rng.randrange(t.out_counter, len(prog.counters))
         th = rng.randint(1, size[c])
-        tasks[t.id] = t.replace(waits=list(t.waits) + [ir.Wait(counter=c, threshold=th)])
-        return prog.replace(tasks=tasks), f"task {t.id} also waits for {th} on counter {c}"
+        return (prog.with_tasks(t.replace(waits=[*t.waits, ir.Wait(counter=c, threshold=th)])),
+                f"task {t.id} also waits for {th} on counter {c}")
     if kind == "shuffle":
         qs = [list(q) for q in prog.queues]
         q = rng.choice(qs)
@@ -259,8 +256,7 @@ def _perturb(prog: ir.Program, rng: random.Random, size: list[int]) -> Optional[
         o = t.outputs[i]
         outs = list(t.outputs)
         outs[i] = o.replace(off=max(0, o.off + rng.choice([-2, -1, 1, 2])))
-        tasks[t.id] = t.replace(outputs=outs)
-        return prog.replace(tasks=tasks), f"task {t.id} output {i} shifted"
+        return prog.with_tasks(t.replace(outputs=outs)), f"task {t.id} output {i} shifted"
     if kind == "redirect":
         acts = [b.id for b in prog.buffers if b.kind == K.ACTIVATION]
         flat = [i for i, o in enumerate(t.inputs) if prog.buffers[o.buf].kind == K.ACTIVATION]
@@ -268,6 +264,5 @@ def _perturb(prog: ir.Program, rng: random.Random, size: list[int]) -> Optional[
             i = rng.choice(flat)
             ins = list(t.inputs)
             ins[i] = ins[i].replace(buf=rng.choice(acts))
-            tasks[t.id] = t.replace(inputs=ins)
-            return prog.replace(tasks=tasks), f"task {t.id} input {i} redirected"
+            return prog.with_tasks(t.replace(inputs=ins)), f"task {t.id} input {i} redirected"
     return None

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from amk.eval.provenance import cpu_name, git_commit
 from amk.eval.synthetic import layered_program
-from amk.schedule.compact import _compact, compact
+from amk.schedule.compact import compact, keep_compact
 from amk.schedule.validate import fast_path_on, program_hash, validate
 from amk.schedule.validator import fast
 
@@ -126,7 +126,7 @@ def breakdown(cp, repeats: int = 5, calls: int = 200) -> dict:
 def build_cost(prog, fresh, repeats: int = 5, calls: int = 50) -> dict:
     """What building a ~300-task Program costs (microseconds, medians over the repeats): the
     whole build (`layered_program`: pydantic validation of every object, then its compact
-    form), the compact form alone (derived from `prog` again, as its build did), and
+    form), the compact form alone (`keep_compact`: made again, as its build did), and
     programs built and then validated per second (distinct programs, memos cold). Garbage
     collection is paused while timing, as validate() pauses it (with it on, a build costs
     2-4x as much, by how large the heap is)."""
@@ -141,7 +141,7 @@ def build_cost(prog, fresh, repeats: int = 5, calls: int = 50) -> dict:
         return layered_program(layers=4, width=36, hidden=36 * 32, vocab=128 + next(fresh))
 
     both = per_call(lambda: validate(build()).accepted or sys.exit("a built benchmark program was rejected"))
-    return {"tasks": len(prog.tasks), "build_us": per_call(build), "compact_form_us": per_call(lambda: _compact(prog)),
+    return {"tasks": len(prog.tasks), "build_us": per_call(build), "compact_form_us": per_call(lambda: keep_compact(prog)),
             "built_and_validated_per_second": 1e6 / both}
 
 

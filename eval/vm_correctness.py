@@ -213,9 +213,8 @@ def hang_row() -> dict:
 
     prog = layered_program(layers=1, width=2, hidden=64, vocab=32)
     head = next(t for t in prog.tasks if t.name == "head")
-    tasks = list(prog.tasks)  # the argmax counter: one producer, never 5
-    tasks[head.id] = head.replace(waits=[*head.waits, Wait(counter=head.out_counter + 1, threshold=5)])
-    prog = prog.replace(tasks=tasks)
+    # the argmax counter: one producer, never 5
+    prog = prog.with_tasks(head.replace(waits=[*head.waits, Wait(counter=head.out_counter + 1, threshold=5)]))
     tensors = {b.name: torch.randn(b.shape) for b in prog.buffers if b.kind.name in ("WEIGHT", "CONST")}
     vm = CudaVM(prog, tensors, timeout_s=4.0, _unsafe_skip_validation=True)
     t = time.monotonic()

@@ -113,7 +113,7 @@ def compact(prog: ir.Program) -> Optional[CompactProgram]:
     if kept is not None:
         return kept
     try:
-        return _compact(prog)[0]
+        return _compact(prog)[0]  # (a program that keeps none: is it frozen is not asked)
     except (OverflowError, struct.error, TypeError):
         return None
 
@@ -123,7 +123,7 @@ def keep_compact(prog: ir.Program) -> None:
     this), where nothing in `prog` can change in place: its sequences are tuples of frozen
     objects. `compact(prog)` returns it while `prog`'s fields are those it was made from."""
     try:
-        cp, frozen = _compact(prog)
+        cp, frozen = _compact(prog, ask_frozen=True)
     except Exception:  # anything compact() cannot read: nothing kept (validate() judges it)
         return
     if frozen and cp is not None:
@@ -150,17 +150,20 @@ def _all_of(cls: type, *seqs) -> bool:
     return all({*map(type, seq)} <= {cls} for seq in seqs)
 
 
-def _frozen_sequences(prog: ir.Program) -> bool:
-    """Whether `prog`'s sequences are tuples of its own frozen types (lists could change in
-    place under a kept compact form)."""
+def _frozen(prog: ir.Program, inputs, outputs, waits, operands: list, wait_objs: list, params) -> bool:
+    """Whether every sequence in `prog` is a tuple of its own frozen types (lists could change
+    in place under a kept compact form): the program's, then its tasks' (`inputs` .. `params`:
+    per task, as `_compact` read them; `operands` and `wait_objs` all of them)."""
     f = _FIELDS(prog)
     bufs, counters, tasks, queues = f["buffers"], f["counters"], f["tasks"], f["queues"]
-    return (_all_of(tuple, (bufs, counters, tasks, queues), queues, [b.shape for b in bufs])
-            and _all_of(ir.Buffer, bufs) and _all_of(ir.Counter, counters) and _all_of(ir.Task, tasks))
+    return (_all_of(tuple, (bufs, counters, tasks, queues), queues, [b.shape for b in bufs], inputs, outputs, waits)
+            and _all_of(ir.Buffer, bufs) and _all_of(ir.Counter, counters) and _all_of(ir.Task, tasks)
+            and _all_of(ir.Operand, operands) and _all_of(ir.Wait, wait_objs) and {*map(type, params)} <= ir.PARAMS_TYPES)
 
 
-def _compact(prog: ir.Program) -> tuple[Optional[CompactProgram], bool]:
-    """(the compact form or None, whether nothing in `prog` can change in place)."""
+def _compact(prog: ir.Program, ask_frozen: bool = False) -> tuple[Optional[CompactProgram], bool]:
+    """(the compact form or None, whether nothing in `prog` can change in place: False
+    unless `ask_frozen`)."""
     fields = _FIELDS(prog)
     header = {k: fields[k] for k in HEADER_FIELDS}
     bufs, counters = prog.buffers, prog.counters
@@ -204,9 +207,7 @@ def _compact(prog: ir.Program) -> tuple[Optional[CompactProgram], bool]:
         n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,
         queue_len=_ints(list(map(len, prog.queues))), queue_tasks=_ints(list(chain.from_iterable(prog.queues))),
     )
-    frozen = (_frozen_sequences(prog) and _all_of(tuple, inputs, outputs, waits) and _all_of(ir.Operand, operand_objs)
-              and _all_of(ir.Wait, wait_objs) and {*map(type, params)} <= ir.PARAMS_TYPES)
-    return cp, frozen
+    return cp, ask_frozen and _frozen(prog, inputs, outputs, waits, operand_objs, wait_objs, params)
 
 
 def expand(cp: CompactProgram) -> ir.Program:

@@ -484,6 +484,13 @@ class Program(_Frozen):
 
         keep_compact(self)  # the form the validator reads, made once
 
+    def with_tasks(self, *tasks: Task) -> "Program":
+        """A copy with each of `tasks` in place of the task of its id (`replace`)."""
+        new = list(self.tasks)
+        for t in tasks:
+            new[t.id] = t
+        return self.replace(tasks=new)
+
     def to_json(self, indent: Optional[int] = None) -> str:
         return self.model_dump_json(indent=indent)
 

@@ -90,9 +90,7 @@ def with_threshold(prog: Program, task_id: int, threshold: int, wait: int = 0) -
     t = prog.tasks[task_id]
     waits = list(t.waits)
     waits[wait] = waits[wait].replace(threshold=threshold)
-    tasks = list(prog.tasks)
-    tasks[task_id] = t.replace(waits=waits)
-    return prog.replace(tasks=tasks)
+    return prog.with_tasks(t.replace(waits=waits))
 
 
 def opd(b: Buffer, off: int = 0, len: Optional[int] = None, count: int = 1, stride: int = 0,

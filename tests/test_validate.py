@@ -464,12 +464,6 @@ def test_paths_agree_on_xcd_scoped_counters(base):
     assert _agree(ir.Program.model_validate(d))
 
 
-def _replace_task(prog: ir.Program, tid: int, **fields) -> ir.Program:
-    tasks = list(prog.tasks)
-    tasks[tid] = tasks[tid].replace(**fields)
-    return prog.replace(tasks=tasks)
-
-
 def test_a_program_cannot_change_in_place():
     """A program and everything in it are frozen and its sequences tuples, so the compact
     form it keeps from when it was built (what the validator reads) cannot go stale."""
@@ -520,7 +514,7 @@ def test_fast_path_rereads_changed_params():
     cp = compact(prog)
     assert fast.verify(cp) is not None and validate(prog).accepted
     entry = next(t for t in prog.tasks if t.params.op == ir.Op.EMBED)
-    changed = _replace_task(prog, entry.id, params=entry.params.replace(vocab=entry.params.vocab + 1))
+    changed = prog.with_tasks(entry.replace(params=entry.params.replace(vocab=entry.params.vocab + 1)))
     assert fast.verify(compact(changed)) is None  # the table operand's count no longer matches
     res = validate(changed)
     assert not res.accepted and "params" in {v.check for v in res.violations}

@@ -74,9 +74,7 @@ def test_knob_defines_follow_the_program():
     prog, _ = lowered("llama-gqa-tied", quant="int8", quant_unpack=2, gemv_unroll=4, prefetch_kb=128)
     assert loader.knob_defines(prog) == {"AMK_GEMV_UNROLL": 4, "AMK_PREFETCH_KB": 128, "AMK_Q_UNPACK": 2}
     gemv = next(t for t in prog.tasks if t.params.op == Op.GEMV and t.params.unpack == 2)
-    tasks = list(prog.tasks)
-    tasks[gemv.id] = gemv.model_copy(update={"params": gemv.params.model_copy(update={"unpack": 1})})
-    prog = prog.model_copy(update={"tasks": tuple(tasks)})  # two strategies: one build cannot run both
+    prog = prog.with_tasks(gemv.replace(params=gemv.params.replace(unpack=1)))  # two strategies: one build cannot run both
     with pytest.raises(loader.VMRefused, match="unpack strategies"):
         loader.knob_defines(prog)
 
