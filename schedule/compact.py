@@ -198,16 +198,27 @@ def _compact(prog: ir.Program, ask_frozen: bool = False) -> tuple[Optional[Compa
         run_lens.append(n)
         at += n
     cp = CompactProgram(
-        header=header, buffer_names=tuple(b.name for b in bufs),
+        header=header, buffer_names=_packed([b.name for b in bufs]),
         buffers=_ints(list(chain.from_iterable(buffer_rows))).reshape(-1, len(BUFFER_COLUMNS)),
-        counter_names=tuple(c.name for c in counters), counter_scope=_ints([int(c.scope) for c in counters]),
-        params=tuple(distinct), names=tuple(names),
+        counter_names=_packed([c.name for c in counters]), counter_scope=_ints([int(c.scope) for c in counters]),
+        params=tuple(distinct), names=_packed(names),
         task_params=np.repeat(np.array(run_ids, dtype=np.int64), run_lens),
         out_counter=_ints(list(outc)), n_in=_ints(list(map(len, inputs))), n_out=_ints(list(map(len, outputs))),
         n_wait=_ints(list(map(len, waits))), operands=operands, waits=wv,
         queue_len=_ints(list(map(len, prog.queues))), queue_tasks=_ints(list(chain.from_iterable(prog.queues))),
     )
     return cp, ask_frozen and _frozen(prog, inputs, outputs, waits, operand_objs, wait_objs, params)
+
+
+def _packed(names) -> tuple:
+    """`names` as a tuple of copies made one after another, so they lie together in memory:
+    the program digest reads every name, and scattered strings cost a cache miss apiece
+    (several times the reading). The originals where a name holds a NUL (the separator)."""
+    try:
+        copies = "\x00".join(names).split("\x00")
+    except TypeError:  # (a name that is no str: left as it is, for the validator to judge)
+        return tuple(names)
+    return tuple(copies) if len(copies) == len(names) else tuple(names)
 
 
 def expand(cp: CompactProgram) -> ir.Program:

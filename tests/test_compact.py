@@ -44,6 +44,20 @@ def test_round_trip_is_exact(programs):
         assert expand(cp).model_dump_json() == prog.model_dump_json()
 
 
+def test_names_round_trip_with_separators_and_odd_names(programs):
+    """The compact form copies the names into one run of memory (`compact._packed`, joined
+    and split at NUL); names that hold a NUL, or are empty, come back exactly as they were."""
+    prog = programs[0]
+    tasks = list(prog.tasks)
+    for odd in ("a\x00b", "", "\x00", "caf\u00e9 \U0001f600"):
+        tasks[1] = tasks[1].model_copy(update={"name": odd})
+        renamed = prog.model_copy(update={"tasks": tuple(tasks)})
+        cp = compact(renamed)
+        assert cp.names == tuple(t.name for t in renamed.tasks)
+        assert expand(cp) == renamed
+        assert V.program_hash(cp) != V.program_hash(prog)
+
+
 def test_every_model_field_has_a_column():
     """A field added to the IR must get a place in the compact form (the fast path judges and
     the digest covers only what compact() keeps)."""

@@ -71,8 +71,9 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     code (tests use it to see which check failed); None for a failure before them."""
     if not _columns_ok(cp) or not _header_ok(cp):  # (columns first: the header check reads the header's keys)
         return None
-    nc = cp.num_counters
-    code, bufinfo, buf_variant, n_variants = kn.buffer_table(cp.buffers, cp.kv_capacity, _mask(frozenset(cp.target.dtypes)))
+    nc, h = cp.num_counters, cp.header  # (the header's dict: cp.target and the like go through __getattr__)
+    target = h["target"]
+    code, bufinfo, buf_variant, n_variants = kn.buffer_table(cp.buffers, h["kv_capacity"], _mask(frozenset(target.dtypes)))
     if code < 0:
         return code  # params, capacity, dtype, kv-range, quant-shape, reference
     gemv_params = np.array([p.op == _GEMV for p in cp.params], dtype=np.bool_)
@@ -85,7 +86,7 @@ def verify_code(cp: CompactProgram) -> Optional[int]:
     if entinfo is None:
         return None  # params its op cannot interpret, or params problems
     return kn.check_program(op_start, cp.n_in, cp.n_out, w_start, entry, wbuf, cp.out_counter, cp.operands, cp.waits,
-                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, cp.counter_scope, max(int(cp.target.xcds), 1),
+                            cp.queue_len, cp.queue_tasks, bufinfo, entinfo, cp.counter_scope, max(int(target.xcds), 1),
                             ir.MAX_INPUTS)
 
 
@@ -104,27 +105,26 @@ def _header_ok(cp: CompactProgram) -> bool:
 
 _INT64 = np.dtype(np.int64)
 _MATRICES = {"buffers": len(BUFFER_COLUMNS), "operands": len(OPERAND_COLUMNS), "waits": 2}  # the 2-D columns and their widths
+# per column: its name, the strides of a C-ordered int64 array of its rank and width (which
+# imply the rank and, with the width, C order: one tuple compare), its width (0: 1-D)
+_LAYOUT = tuple((name, (8 * _MATRICES[name], 8) if name in _MATRICES else (8,), _MATRICES.get(name, 0))
+                for name in _COLUMN_NAMES)
 
 
 def _columns_ok(cp: CompactProgram) -> bool:
     """The columns have the types and lengths the compiled checks index by (a hand-built
     CompactProgram may not)."""
     f = cp.__dict__
-    for name in _COLUMN_NAMES:
+    for name, strides, width in _LAYOUT:
         a = f[name]
-        if type(a) is not np.ndarray or a.dtype is not _INT64 or not a.flags.c_contiguous:
-            return False
-        width = _MATRICES.get(name)
-        if (a.ndim != 1) if width is None else (a.ndim != 2 or a.shape[1] != width):
+        if type(a) is not np.ndarray or a.dtype is not _INT64 or a.strides != strides or (width and a.shape[1] != width):
             return False
     nt = len(f["task_params"])
     if len(f["buffer_names"]) != len(f["buffers"]) or len(f["counter_names"]) != len(f["counter_scope"]):
         return False
     if f["header"].keys() != _HEADER_KEYS or len(f["names"]) != nt:
         return False
-    if not len(f["out_counter"]) == len(f["n_in"]) == len(f["n_out"]) == len(f["n_wait"]) == nt:
-        return False
-    return int(f["n_wait"].sum()) == len(f["waits"])
+    return len(f["out_counter"]) == len(f["n_in"]) == len(f["n_out"]) == len(f["n_wait"]) == nt  # (the waits: task_entries)
 
 
 class _Weight(NamedTuple):
@@ -200,27 +200,34 @@ def _entry_row(p, weight: Optional[_Weight]):
         op, fields = p.op, p.__dict__  # (getattr with a default is slow on a pydantic model)
         quant = op == Op.GEMV and weight is not None and weight.dtype in QUANT
         if quant:
-            row = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), p.k, p.k_lo, 1]
-            row += [roles_in.index(r) if r in roles_in else -1 for _, r in _QUANT_SLOTS]
+            head = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), p.k, p.k_lo, 1]
+            head += [roles_in.index(r) if r in roles_in else -1 for _, r in _QUANT_SLOTS]
         else:
-            row = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), -1, -1, 0, *_NO_QUANT_SLOTS]
-        row += [r in ELEMENTWISE_ROLES for r in roles_in]
-        row += _NO_FLAGS[len(roles_in):]
-        for rules, slots in ((ins, ir.MAX_INPUTS), (outs, ir.MAX_OUTPUTS)):
-            for kinds, dtypes, length, count, stride, off, kv in rules:  # (by position: the order is asserted below)
-                row += (_mask(kinds), _mask(dtypes), kv, -1 if length is None else length, -1 if count is None else count,
-                        -1 if stride is None else stride, -1 if off is None else off)
-            row += _UNUSED[:kn.RULE_COLUMNS * (slots - len(rules))]
-        return _ROW.pack(*row)  # (raises on a value that is no integer or overflows int64)
+            head = [len(ins), len(outs), op, fields.get("hidden", -1), fields.get("col", -1), -1, -1, 0, *_NO_QUANT_SLOTS]
+        head += [r in ELEMENTWISE_ROLES for r in roles_in]
+        head += _NO_FLAGS[len(roles_in):]
+        # (each pack raises on a value that is no integer or overflows int64)
+        return b"".join((_HEAD.pack(*head), *map(_rule_bytes, ins), _NO_RULES[ir.MAX_INPUTS - len(ins)],
+                         *map(_rule_bytes, outs), _NO_RULES[ir.MAX_OUTPUTS - len(outs)]))
     except Exception:
         return False
 
 
+def _rule_bytes(rule: Rule) -> bytes:
+    """A rule's RULE_COLUMNS values (`kernels.R_*`), packed."""
+    kinds, dtypes, length, count, stride, off, kv = rule  # (by position: the order is asserted below)
+    return _RULE.pack(_mask(kinds), _mask(dtypes), kv, -1 if length is None else length, -1 if count is None else count,
+                      -1 if stride is None else stride, -1 if off is None else off)
+
+
 assert Rule._fields == ("kinds", "dtypes", "length", "count", "stride", "off", "kv")
-_ROW = struct.Struct(f"={kn.ENTRY_WIDTH}q")
+assert (kn.R_KINDS, kn.R_DTYPES, kn.R_KV, kn.R_LEN, kn.R_COUNT, kn.R_STRIDE, kn.R_OFF) == tuple(range(kn.RULE_COLUMNS))
+_HEAD = struct.Struct(f"={kn.E_RULES}q")  # the E_* values and the flags
+_RULE = struct.Struct(f"={kn.RULE_COLUMNS}q")
+assert _HEAD.size + _RULE.size * kn.SLOTS == 8 * kn.ENTRY_WIDTH
 _NO_FLAGS = [False] * kn.SLOTS
 _NO_QUANT_SLOTS = [-1] * len(_QUANT_SLOTS)
-_UNUSED = [0] * (kn.RULE_COLUMNS * kn.SLOTS)  # the columns of unused slots' rules
+_NO_RULES = [bytes(_RULE.size * n) for n in range(kn.SLOTS + 1)]  # n unused slots' rules (zeros)
 
 
 @functools.lru_cache(maxsize=256)

@@ -171,7 +171,7 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
         op_start[t] = at
         at += n_in[t] + n_out[t]
         w_start[t + 1] = w_start[t] + n_wait[t]
-    if at != operands.shape[0]:
+    if at != operands.shape[0] or w_start[nt] != waits.shape[0]:
         return REJECT_REFERENCE, op_start, w_start, entry, first[:0], wbuf
     for i in range(operands.shape[0]):
         if operands[i, 0] < 0 or operands[i, 0] >= nb:
@@ -477,7 +477,8 @@ def order_and_clocks(out_counter, w_start, waits, nc, queue_len, queue_tasks, qu
         indeg[nt + out_counter[t]] += 1
         if qnext[t] >= 0:
             indeg[qnext[t]] += 1
-    clock = np.full((nt + 1, max(nq, 1)), -1, np.int32)  # row nt: no queue predecessor
+    clock = np.empty((nt + 1, max(nq, 1)), np.int32)  # (a task's row is written whole before it is read)
+    clock[nt, :] = -1  # row nt: no queue predecessor
     cclock = np.full((nc, max(nq, 1)), -1, np.int32)
     topo = np.empty(nt, np.int64)
     stack = np.empty(n, np.int64)
@@ -568,12 +569,12 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
     n = s_lo.shape[0]
     if n == 0:
         return 0
-    # per segment: the last writer's (queue, position), or queue -1; the readers since then,
-    # as (queue, position) pairs in the segment's own run of reader_q/reader_pos (sized by
-    # how many reading accesses cover it: a writer scans them in order, no list to chase).
-    # Task a happens before task b iff clock[b, queue of a] >= position of a. (int32: all fit)
-    writer_q = np.full(nseg, -1, np.int32)
-    writer_pos = np.zeros(nseg, np.int32)
+    # a task as one int64, its queue << 32 | its position (both fit in 31 bits: one load
+    # per check). Per segment: the last writer (-1: none); the readers since then, in the
+    # segment's own run of `readers` (sized by how many reading accesses cover it: a writer
+    # scans them in order, no list to chase). Task a happens before task b iff
+    # clock[b, queue of a] >= position of a.
+    writer = np.full(nseg, -1, np.int64)
     cover = np.zeros(nseg + 1, np.int64)  # reading accesses starting at each segment, less those ending there
     for k in range(n):
         if not a_write[k]:
@@ -584,15 +585,15 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
     for s in range(nseg):
         c += cover[s]
         fill[s + 1] = fill[s] + c
-    reader_q = np.empty(fill[nseg], np.int32)
-    reader_pos = np.empty(fill[nseg], np.int32)
-    pending = fill[:nseg].copy()  # the segment's readers since its last writer: reader_*[pending[s]:fill[s]]
+    readers = np.empty(fill[nseg], np.int64)
+    pending = fill[:nseg].copy()  # the segment's readers since its last writer: readers[pending[s]:fill[s]]
     # a task takes its reads, then its writes, each segment once: stamp[s] is 2t + 1 once
     # task t has read s, 2t + 2 once it has written it (an in-place segment is both, in turn)
-    stamp = np.zeros(nseg, np.int32)
+    stamp = np.zeros(nseg, np.int64)
     checks = 0
     for t in topo:  # tasks in happens-before order
-        tq, tpos = queue_of[t], pos[t]
+        seen = clock[t]  # per queue, the last position that happens before t
+        me = (np.int64(queue_of[t]) << 32) | pos[t]
         read, wrote = 2 * t + 1, 2 * t + 2
         for k in range(a_start[t], a_start[t + 1]):
             if a_write[k]:
@@ -601,14 +602,14 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
                 if stamp[s] == read:
                     continue
                 stamp[s] = read
-                wq = writer_q[s]
-                if wq < 0:
+                w = writer[s]
+                if w < 0:
                     return REJECT_STALE
-                if clock[t, wq] < writer_pos[s]:
+                if seen[w >> 32] < (w & 0xFFFFFFFF):
                     return REJECT_RACE
                 checks += 1
                 p = fill[s]
-                reader_q[p], reader_pos[p] = tq, tpos
+                readers[p] = me
                 fill[s] = p + 1
         for k in range(a_start[t], a_start[t + 1]):
             if not a_write[k]:
@@ -618,19 +619,21 @@ def race_free(s_lo, s_hi, nseg, a_write, a_start, topo, clock, queue_of, pos):
                 if st == wrote:
                     continue
                 stamp[s] = wrote
-                wq = writer_q[s]
+                w = writer[s]
                 if st == read:
                     fill[s] -= 1  # this task's own read, the last one listed: it happens before its write
-                elif wq >= 0:
-                    if clock[t, wq] < writer_pos[s]:
+                elif w >= 0:
+                    if seen[w >> 32] < (w & 0xFFFFFFFF):
                         return REJECT_RACE
                     checks += 1
-                for p in range(pending[s], fill[s]):
-                    if clock[t, reader_q[p]] < reader_pos[p]:
+                end = fill[s]
+                for p in range(pending[s], end):
+                    r = readers[p]
+                    if seen[r >> 32] < (r & 0xFFFFFFFF):
                         return REJECT_RACE
-                checks += fill[s] - pending[s]
-                pending[s] = fill[s]
-                writer_q[s], writer_pos[s] = tq, tpos
+                checks += end - pending[s]
+                pending[s] = end
+                writer[s] = me
     return checks
 
 
