@@ -10,7 +10,7 @@ program again and again). Per tree: the mean microseconds a validation over each
 programs; per round the ratio base / head (above 1: head is faster); medians over rounds.
 
     git worktree add /tmp/base <rev>   # (or git archive <rev> | tar x -C /tmp/base)
-    taskset -c 0 python -m amk.eval.validator_ab /tmp/base --rounds 6 [--out F.json]
+    taskset -c 0 python -m amk.eval.validator_ab /tmp/base --rounds 6 [--base-commit REV] [--out F.json]
 """
 
 from __future__ import annotations
@@ -64,6 +64,15 @@ def _shim(root: Path, into: Path) -> Path:
     return into
 
 
+def _tree_commit(root: Path) -> str:
+    """The commit checked out at `root`, or "unknown" (an exported tree has no .git)."""
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def _run(shim: Path, programs: int, seed: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]), PYTHONSAFEPATH="1")
     out = subprocess.run([sys.executable, "-c", _CHILD, str(programs), str(seed)], env=env, capture_output=True, text=True,
@@ -76,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("base", type=Path, help="the other source tree (its top-level folders as in this repo)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--programs", type=int, default=400, help="validations a stream, a round")
+    ap.add_argument("--base-commit", help="the commit the other tree holds, for the record (default: asked of git there)")
     ap.add_argument("--out", type=Path, help="write the rows and medians here as JSON")
     args = ap.parse_args(argv)
     head = Path(__file__).resolve().parent.parent
@@ -106,7 +116,7 @@ def main(argv=None) -> int:
         from amk.eval.provenance import cpu_name, git_commit
 
         doc = {"command": "python -m amk.eval.validator_ab " + " ".join(argv or sys.argv[1:]), "head_commit": git_commit(),
-               "base": str(base), "cpu": cpu_name(), "cores_allowed": len(os.sched_getaffinity(0)),
+               "base": str(base), "base_commit": args.base_commit or _tree_commit(base), "cpu": cpu_name(), "cores_allowed": len(os.sched_getaffinity(0)),
                "rows": rows, "medians": summary}
         write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     return 0
