@@ -14,6 +14,9 @@ int4 group-32 round-to-nearest of it is nearly lossless). Against it:
 Each program: greedy agreement over 64 new tokens with the fp32 program (free-running,
 first difference and count of equal positions), teacher-forced perplexity over a fixed
 text and its relative difference, top-1 agreement and max-abs logit drift over that text.
+Beside them, the fp32 program's top-2 logit margin at every step of its own greedy run, and
+at each program's first difference: a near-tie there (a margin under the quantization's
+logit error) flips whatever the quantizer does, and says why greedy agreement breaks.
 Writes paper_results/quant_quality.json and .md.
 
     python -m amk.eval.quant_quality [--out paper_results] [--tokens 64]
@@ -86,7 +89,10 @@ def measure(tokens: int = 64, max_queues: int = 16, kv_capacity: int = 256, text
                "ppl": perplexity(logits, text)}
         if ref_tokens is None:
             ref_tokens, ref_logits, ref_ppl = greedy, logits, row["ppl"]
+            margins = greedy_margins(vm.logits_for(prompt + greedy[:-1])[len(prompt) - 1:])
         row["greedy_prefix_vs_fp32"] = matching_prefix(greedy, ref_tokens)
+        first = row["greedy_prefix_vs_fp32"]
+        row["fp32_margin_at_first_difference"] = margins[first] if first < len(margins) else None
         row["greedy_equal_positions_vs_fp32"] = sum(a == b for a, b in zip(greedy, ref_tokens))
         row["ppl_rel_diff_vs_fp32"] = (row["ppl"] - ref_ppl) / ref_ppl
         row["top1_agreement_vs_fp32"] = float((logits.argmax(-1) == ref_logits.argmax(-1)).float().mean())
@@ -102,7 +108,14 @@ def measure(tokens: int = 64, max_queues: int = 16, kv_capacity: int = 256, text
         del mk, vm
     return {"model": spec.name, "prompt": PROMPT, "prompt_tokens": len(prompt), "text_tokens": len(text),
             "new_tokens": tokens, "max_queues": max_queues, "hf": {"tokens": hf_tokens, "ppl": hf_ppl},
-            "results": rows}
+            "fp32_greedy_margins": margins, "results": rows}
+
+
+def greedy_margins(step_logits: torch.Tensor) -> list[float]:
+    """Per greedy step (rows: the logits that chose each new token), the top-1 minus top-2
+    logit: how far that step is from a tie."""
+    top2 = torch.topk(step_logits.double(), 2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]).tolist()
 
 
 def markdown(doc: dict) -> str:
@@ -116,12 +129,21 @@ def markdown(doc: dict) -> str:
         f"\"{doc['prompt']}\" ({doc['prompt_tokens']} tokens); perplexity: teacher-forced over a fixed "
         f"{doc['text_tokens']}-token text. RTN configs keep the LM head float.", "",
         f"| program | weight MB | greedy = fp32 (prefix / positions of {n}) | ppl | ppl vs fp32 | top-1 vs fp32 | "
-        "max-abs logit diff |", "|---|---|---|---|---|---|---|",
+        "max-abs logit diff | fp32 top-2 margin at the first difference |", "|---|---|---|---|---|---|---|---|",
     ]
     for name, row in r.items():
+        m = row.get("fp32_margin_at_first_difference")
         lines.append(f"| {name} | {row['weight_bytes'] / 1e6:.1f} | {row['greedy_prefix_vs_fp32']} / "
                      f"{row['greedy_equal_positions_vs_fp32']} | {row['ppl']:.4f} | {row['ppl_rel_diff_vs_fp32']:+.3%} | "
-                     f"{row['top1_agreement_vs_fp32']:.3f} | {row['logits_max_abs_diff_vs_fp32']:.3g} |")
+                     f"{row['top1_agreement_vs_fp32']:.3f} | {row['logits_max_abs_diff_vs_fp32']:.3g} | "
+                     f"{'-' if m is None else f'{m:.3f}'} |")
+    margins = doc.get("fp32_greedy_margins")
+    if margins:
+        close = sorted(range(len(margins)), key=margins.__getitem__)[:4]
+        lines += ["", f"The fp32 program's own greedy run is nearest a tie at steps "
+                  + ", ".join(f"{i} ({margins[i]:.3f})" for i in sorted(close))
+                  + " (top-1 minus top-2 logit; steps from 0). A program whose logits move by more than that there "
+                  "picks the other token, whatever its perplexity."]
     nat = g.get("native", {})
     lines += ["", "## GGUF-native program vs transformers on the same file", "",
               f"- {nat.get('buffers')} matrices run in the file's own blocks ({nat.get('types')}; "
