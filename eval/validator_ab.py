@@ -76,7 +76,9 @@ def _tree_commit(root: Path) -> str:
 def _run(shim: Path, programs: int, seed: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]), PYTHONSAFEPATH="1")
     out = subprocess.run([sys.executable, "-c", _CHILD, str(programs), str(seed)], env=env, capture_output=True, text=True,
-                         check=True, cwd=tempfile.gettempdir())
+                         cwd=tempfile.gettempdir())
+    if out.returncode != 0:
+        raise SystemExit(f"the run of the tree behind {shim} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -116,8 +118,8 @@ def main(argv=None) -> int:
         from amk.eval.provenance import cpu_name, git_commit
 
         doc = {"command": "python -m amk.eval.validator_ab " + " ".join(argv or sys.argv[1:]), "head_commit": git_commit(),
-               "base": str(base), "base_commit": args.base_commit or _tree_commit(base), "cpu": cpu_name(), "cores_allowed": len(os.sched_getaffinity(0)),
-               "rows": rows, "medians": summary}
+               "base": str(base), "base_commit": args.base_commit or _tree_commit(base), "cpu": cpu_name(),
+               "cores_allowed": len(os.sched_getaffinity(0)), "rows": rows, "medians": summary}
         write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     return 0
 
