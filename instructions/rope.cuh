@@ -2,9 +2,6 @@
 // amk_warp_rope is shared with the GEMV/REDUCE ROPE and ROPE_APPEND epilogues.
 #pragma once
 #include "common.cuh"
-#ifndef AMK_ROPE_SINCOS
-#define AMK_ROPE_SINCOS 0
-#endif
 #include "vec.cuh"
 
 // One warp rotates a head h[0:hd) (shared memory) and stores it to elements
@@ -21,13 +18,7 @@ AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, 
   const int dt = yb.dtype;
   for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
     const float ang = amk_mul(p, freq_s ? freq_s[i] : amk_load(fb, amk_flat(inv_freq, i)));
-#if AMK_ROPE_SINCOS  // (experiment: one shared range reduction; on only if it gives the same bits)
-    float sn_raw, cs_raw;
-    amk_sincos(ang, &sn_raw, &cs_raw);
-    const float cs = amk_round(dt, cs_raw), sn = amk_round(dt, sn_raw);
-#else
     const float cs = amk_round(dt, amk_cos(ang)), sn = amk_round(dt, amk_sin(ang));
-#endif
     const float x1 = h[i], x2 = h[i + half];
     amk_store(yb, amk_out_index(y, yb, pos, e0 + i),
               amk_sub(amk_round(dt, amk_mul(x1, cs)), amk_round(dt, amk_mul(x2, sn))));
