@@ -64,15 +64,6 @@ def _shim(root: Path, into: Path) -> Path:
     return into
 
 
-def _tree_commit(root: Path) -> str:
-    """The commit checked out at `root`, or "unknown" (an exported tree has no .git)."""
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _run(shim: Path, programs: int, seed: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]), PYTHONSAFEPATH="1")
     out = subprocess.run([sys.executable, "-c", _CHILD, str(programs), str(seed)], env=env, capture_output=True, text=True,
@@ -118,7 +109,7 @@ def main(argv=None) -> int:
         from amk.eval.provenance import cpu_name, git_commit
 
         doc = {"command": "python -m amk.eval.validator_ab " + " ".join(argv or sys.argv[1:]), "head_commit": git_commit(),
-               "base": str(base), "base_commit": args.base_commit or _tree_commit(base), "cpu": cpu_name(),
+               "base": str(base), "base_commit": args.base_commit or git_commit(base), "cpu": cpu_name(),
                "cores_allowed": len(os.sched_getaffinity(0)), "rows": rows, "medians": summary}
         write_atomic(args.out, json.dumps(doc, indent=2) + "\n")
     return 0

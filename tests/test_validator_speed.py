@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from amk.eval import validator_ab
+from amk.eval.provenance import git_commit
 from amk.eval.synthetic import layered_program
 from amk.eval.validator_speed import breakdown, render_md
 from amk.schedule.compact import compact
@@ -32,7 +33,7 @@ def test_paired_comparison_runs_both_trees_and_writes_its_rows(tmp_path):
     (row,) = doc["rows"]
     assert row["base_cold_us"] > 0 and row["head_warm_us"] > 0
     assert row["cold_ratio"] == row["base_cold_us"] / row["head_cold_us"]
-    assert doc["base_commit"] == validator_ab._tree_commit(repo)
+    assert doc["base_commit"] == git_commit(repo)
 
 
 def test_paired_comparison_refuses_a_folder_that_is_no_source_tree(tmp_path):
