@@ -5,7 +5,7 @@ The reference is the fp32 program over transformers' float32 dequantization of t
 (the only real checkpoint on the machine; note that it already lies on a Q4_1 grid, so
 int4 group-32 round-to-nearest of it is nearly lossless). Against it:
 
-  * int8 round-to-nearest, per channel and group 128; int4 round-to-nearest (scale +
+  * int8 round-to-nearest, per channel and groups 32 / 64 / 128; int4 round-to-nearest (scale +
     group minimum), groups 32 / 64 / 128; the LM head stays float (ScheduleConfig default);
   * the GGUF-native program (quant='gguf', quant_lm_head=True): the file's Q4_1 / Q8_0
     blocks run as they are. It must generate the same 64 tokens as transformers' model
@@ -46,6 +46,8 @@ TEXT = ("The Moon is Earth's only natural satellite. It orbits at an average dis
 CONFIGS: dict[str, dict] = {
     "fp32": {},
     "int8 channel": dict(quant="int8", quant_group="channel"),
+    "int8 g32": dict(quant="int8", quant_group=32),
+    "int8 g64": dict(quant="int8", quant_group=64),
     "int8 g128": dict(quant="int8", quant_group=128),
     "int4 g32": dict(quant="int4", quant_group=32),
     "int4 g64": dict(quant="int4", quant_group=64),
