@@ -8,7 +8,7 @@
 // The weight slab is immutable, so the scheduler prefetches it into L2 before the task's
 // waits; coarse slabs (many rows per task) keep many bytes in flight per SM.
 //
-// Shared memory (4-byte words): xs[round4(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
+// Shared memory (4-byte words): xs[amk_xs_words(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
 //   | [norm weights: round4(K)] | [the epilogue's staged operands (AmkEpiStage), without split-K]
 #pragma once
 #include "epilogue.cuh"
@@ -26,6 +26,30 @@
 
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
+// Where x element i sits in shared memory: with AMK_GEMV_XPAD (vec.cuh), 4 unused floats after
+// every weight vector's slice of VEC elements (none for fp32 weights, whose slices are 4 floats
+// and so conflict-free as they are). VEC is a power of two: i + (i >> shift) * pad.
+template <int VEC>
+struct AmkXPadOf {
+  static constexpr int pad = AMK_GEMV_XPAD && VEC > 4 ? 4 : 0, stride = VEC + pad;
+};
+struct AmkXPad {
+  int shift, pad;
+  AMK_DEVICE int at(int i) const { return i + (i >> shift) * pad; }
+};
+AMK_DEVICE AmkXPad amk_xpad_for(int wdtype) {
+  if (!AMK_GEMV_XPAD) return AmkXPad{0, 0};
+  switch (wdtype) {
+    case AMK_DTYPE_BF16:
+    case AMK_DTYPE_F16: return AmkXPad{3, 4};
+    case AMK_DTYPE_I8: return AmkXPad{4, 4};
+    case AMK_DTYPE_U4: return AmkXPad{5, 4};
+    default: return AmkXPad{0, 0};
+  }
+}
+// The words x takes: K, plus at most the padding of the smallest padded vector (8 elements).
+AMK_DEVICE long long amk_xs_words(long long k) { return amk_round4(AMK_GEMV_XPAD ? k + k / 2 : k); }
+
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
 
@@ -36,7 +60,7 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  return amk_round4(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
+  return amk_xs_words(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
          amk_round4(amk_gemv_epi_stage(t).words());
 }
@@ -223,7 +247,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
       if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
-        const float* xv = xs + v * F::VEC;
+        const float* xv = xs + v * AmkXPadOf<F::VEC>::stride;
         const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
         if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
@@ -241,9 +265,11 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     }
   }
   if (valid) {
+    const AmkXPad xp = amk_xpad_for(DT);
     for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
-      s1 += amk_w_at(w, r, col) * xs[col];
-      if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+      const float x = xs[xp.at(col)];
+      s1 += amk_w_at(w, r, col) * x;
+      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
     }
   }
   for (int m = L / 2; m > 0; m >>= 1) {
@@ -268,12 +294,13 @@ AMK_DEVICE int amk_gemv_lanes(int K) {
 
 // Scalar fallback for slabs that are not 16-byte aligned; whole warp.
 template <bool PAIR>
-AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, int r, int K, float& a1,
-                                    float& a2) {
+AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r, int K,
+                                    float& a1, float& a2) {
   float s1 = 0.0f, s2 = 0.0f;
   for (int col = amk_lane(); col < K; col += AMK_WARP_SIZE) {
-    s1 += amk_w_at(w, r, col) * xs[col];
-    if (PAIR) s2 += amk_w_at(w2, r, col) * xs[col];
+    const float x = xs[xp.at(col)];
+    s1 += amk_w_at(w, r, col) * x;
+    if (PAIR) s2 += amk_w_at(w2, r, col) * x;
   }
   a1 = amk_warp_sum(s1);
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
@@ -302,7 +329,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
     float a1, a2;
-    amk_gemv_row_scalar<PAIR>(w, w2, xs, r, K, a1, a2);
+    amk_gemv_row_scalar<PAIR>(w, w2, xs, amk_xpad_for(DT), r, K, a1, a2);
     if (amk_lane() == 0) {
       acc[r * m] = a1;
       if (PAIR) acc[r * m + 1] = a2;
@@ -341,13 +368,14 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const int m = amk_row_width(t);
   float* xs = amk_smem(c, amk_smem_gemv(t));
   if (!xs) return;
-  float* acc = xs + amk_round4(K);
+  float* acc = xs + amk_xs_words(K);
   float* red = acc + amk_round4((long long)rows * m);
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
+  const AmkXPad xp = amk_xpad_for(amk_buf(c, amk_in(c, AMK_ROLE_W)).dtype);
   float* xsums = red + AMK_WARP_SIZE;
   float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
   float* epi = gs + (norm ? amk_round4(K) : 0);
@@ -360,7 +388,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     // round trip where loading the weights after the sum of squares took a second one
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     const int half = blockDim.x / 2;
-    if ((int)threadIdx.x < half) amk_for_elems(xb, x, k_lo, K, [&](int i, float v) { xs[i] = v; }, threadIdx.x, half);
+    if ((int)threadIdx.x < half)
+      amk_for_elems(xb, x, k_lo, K, [&](int i, float v) { xs[xp.at(i)] = v; }, threadIdx.x, half);
     else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
@@ -368,14 +397,14 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     if (k_lo == 0 && K == hidden) {  // the whole row is staged: its squares come from shared memory
       amk_syncthreads();
       float ss = 0.0f;
-      for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[i] * xs[i];
+      for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
       inv = amk_inv_rms(amk_block_sum(ss, red), hidden, eps);
     } else {
       inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }
-    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[i] = amk_rms_apply(xs[i], inv, gs[i], xb.dtype);
+    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
   } else {
-    amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[i] = v; });
+    amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[xp.at(i)] = v; });
   }
   if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
   for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
@@ -384,7 +413,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   amk_syncthreads();
   if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
-      const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[v * AMK_XSUM_CHUNK + amk_lane()] : 0.0f);
+      const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[xp.at(v * AMK_XSUM_CHUNK + amk_lane())] : 0.0f);
       if (amk_lane() == 0) xsums[v] = sum;
     }
     amk_syncthreads();

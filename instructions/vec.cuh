@@ -25,8 +25,15 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
 // 4, rotated by whole words of two chunks; finer rotations cost ptxas registers it does not
 // have); the weight words are rotated to match (AmkXRot::words), so chunk c of the rotated
 // words pairs with x chunk (c + s) mod C.
+// AMK_GEMV_XPAD=1 does without the rotation: the GEMV stages x with 4 unused floats after
+// every weight vector's slice (AmkXPad, gemv.cuh), so the slices of consecutive lanes sit
+// 4 x (elements + 4) bytes apart and a quarter warp's 16-byte reads hit 8 different bank
+// groups in natural order: no SELs to rotate the words and constant x offsets.
+#ifndef AMK_GEMV_XPAD
+#define AMK_GEMV_XPAD 0
+#endif
 #ifndef AMK_GEMV_XROT
-#define AMK_GEMV_XROT 1
+#define AMK_GEMV_XROT (!AMK_GEMV_XPAD)
 #endif
 template <int C>  // chunks of 4 floats per vector: 1 (f32), 2 (16-bit), 4 (int8), 8 (int4)
 struct AmkXRot {
