@@ -27,28 +27,27 @@
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
 // Where x element i sits in shared memory: with AMK_GEMV_XPAD (vec.cuh), 4 unused floats after
-// every weight vector's slice of VEC elements (none for fp32 weights, whose slices are 4 floats
-// and so conflict-free as they are). VEC is a power of two: i + (i >> shift) * pad.
+// every quantized weight vector's slice of VEC = 16 (I8) or 32 (U4) elements; float weights
+// keep x dense (fp32: 4-float slices, conflict-free as they are; 16-bit: rotated, AmkXRot).
+// VEC is a power of two: i + (i >> shift) * pad.
+#define AMK_GEMV_XPAD_ON (AMK_GEMV_XPAD && (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) || AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4)))
 template <int VEC>
 struct AmkXPadOf {
-  static constexpr int pad = AMK_GEMV_XPAD && VEC > 4 ? 4 : 0, stride = VEC + pad;
+  static constexpr int pad = AMK_GEMV_XPAD_ON && VEC >= 16 ? 4 : 0, stride = VEC + pad;
 };
 struct AmkXPad {
   int shift, pad;
   AMK_DEVICE int at(int i) const { return i + (i >> shift) * pad; }
 };
 AMK_DEVICE AmkXPad amk_xpad_for(int wdtype) {
-  if (!AMK_GEMV_XPAD) return AmkXPad{0, 0};
-  switch (wdtype) {
-    case AMK_DTYPE_BF16:
-    case AMK_DTYPE_F16: return AmkXPad{3, 4};
-    case AMK_DTYPE_I8: return AmkXPad{4, 4};
-    case AMK_DTYPE_U4: return AmkXPad{5, 4};
-    default: return AmkXPad{0, 0};
-  }
+  if (!AMK_GEMV_XPAD_ON) return AmkXPad{0, 0};
+  return wdtype == AMK_DTYPE_I8 ? AmkXPad{4, 4} : wdtype == AMK_DTYPE_U4 ? AmkXPad{5, 4} : AmkXPad{0, 0};
 }
-// The words x takes: K, plus at most the padding of the smallest padded vector (8 elements).
-AMK_DEVICE long long amk_xs_words(long long k) { return amk_round4(AMK_GEMV_XPAD ? k + k / 2 : k); }
+// The words x takes for K columns of weights of dtype wdtype (vm/loader.py gemv_x_words).
+AMK_DEVICE long long amk_xs_words(long long k, int wdtype) {
+  const AmkXPad p = amk_xpad_for(wdtype);
+  return amk_round4(k + (k >> p.shift) * p.pad);
+}
 
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
@@ -58,9 +57,9 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
 }
 
-AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
+AMK_DEVICE long long amk_smem_gemv(const AmkTask& t, int wdtype) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  return amk_xs_words(k) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
+  return amk_xs_words(k, wdtype) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
          amk_round4(amk_gemv_epi_stage(t).words());
 }
@@ -366,16 +365,17 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
   const int m = amk_row_width(t);
-  float* xs = amk_smem(c, amk_smem_gemv(t));
+  const int wdtype = amk_buf(c, amk_in(c, AMK_ROLE_W)).dtype;
+  float* xs = amk_smem(c, amk_smem_gemv(t, wdtype));
   if (!xs) return;
-  float* acc = xs + amk_xs_words(K);
+  float* acc = xs + amk_xs_words(K, wdtype);
   float* red = acc + amk_round4((long long)rows * m);
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
-  const AmkXPad xp = amk_xpad_for(amk_buf(c, amk_in(c, AMK_ROLE_W)).dtype);
+  const AmkXPad xp = amk_xpad_for(wdtype);
   float* xsums = red + AMK_WARP_SIZE;
   float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
   float* epi = gs + (norm ? amk_round4(K) : 0);

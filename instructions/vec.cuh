@@ -25,23 +25,25 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
 // 4, rotated by whole words of two chunks; finer rotations cost ptxas registers it does not
 // have); the weight words are rotated to match (AmkXRot::words), so chunk c of the rotated
 // words pairs with x chunk (c + s) mod C.
-// AMK_GEMV_XPAD=1 does without the rotation: the GEMV stages x with 4 unused floats after
-// every weight vector's slice (AmkXPad, gemv.cuh), so the slices of consecutive lanes sit
-// 4 x (elements + 4) bytes apart and a quarter warp's 16-byte reads hit 8 different bank
-// groups in natural order: no SELs to rotate the words and constant x offsets.
+// AMK_GEMV_XPAD (on by default) does without the rotation for quantized weights (C >= 4): the GEMV stages x
+// with 4 unused floats after each such vector's slice (AmkXPad, gemv.cuh), so the slices of
+// consecutive lanes sit 4 x (elements + 4) bytes apart and a quarter warp's 16-byte reads hit
+// 8 different bank groups in natural order: no SELs to rotate the words, constant x offsets.
+// (16-bit weights measured slower padded than rotated: eval/PERF_NOTES.md item 69.)
 #ifndef AMK_GEMV_XPAD
-#define AMK_GEMV_XPAD 0
+#define AMK_GEMV_XPAD 1
 #endif
 #ifndef AMK_GEMV_XROT
-#define AMK_GEMV_XROT (!AMK_GEMV_XPAD)
+#define AMK_GEMV_XROT 1
 #endif
 template <int C>  // chunks of 4 floats per vector: 1 (f32), 2 (16-bit), 4 (int8), 8 (int4)
 struct AmkXRot {
   int s;
   // for the lane at position sub of its row: vectors 8 / C apart share a bank group
   static AMK_DEVICE AmkXRot of(int sub) {
-    if constexpr (C == 8) return AmkXRot{AMK_GEMV_XROT ? (sub & 3) << 1 : 0};
-    else return AmkXRot{AMK_GEMV_XROT ? (sub / (8 / C)) & (C - 1) : 0};
+    constexpr bool on = AMK_GEMV_XROT && !(AMK_GEMV_XPAD && C >= 4);  // padded x (AMK_GEMV_XPAD) needs none
+    if constexpr (C == 8) return AmkXRot{on ? (sub & 3) << 1 : 0};
+    else return AmkXRot{on ? (sub / (8 / C)) & (C - 1) : 0};
   }
   AMK_DEVICE const float* chunk(const float* xv, int c) const { return xv + (((c + s) & (C - 1)) << 2); }
   AMK_DEVICE float x(const float* xv, int j) const { return chunk(xv, j >> 2)[j & 3]; }  // x of element j

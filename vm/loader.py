@@ -196,8 +196,18 @@ def epilogue_staged_words(p) -> int:
             + (p.head_dim // 2 if rope else 0) + (1 if rope or p.epilogue == Epilogue.APPEND else 0))
 
 
-def smem_words(p, threads: int, kv_capacity: int) -> int:
-    """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions."""
+def gemv_x_words(k: int, wdtype: DType) -> int:
+    """Words of a GEMV's staged x (instructions/gemv.cuh amk_xs_words): quantized weights get 4
+    unused floats after each vector's 16 (I8) or 32 (U4) columns, unless $AMK_VM_DEFINES sets
+    AMK_GEMV_XPAD=0."""
+    shift = {DType.I8: 4, DType.U4: 5}.get(wdtype)
+    pad = 4 if shift is not None and experiment_defines().get("AMK_GEMV_XPAD", 1) else 0
+    return k + ((k >> shift) * pad if pad else 0)
+
+
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32) -> int:
+    """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
+    (wdtype: a GEMV's weight dtype)."""
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
@@ -205,8 +215,7 @@ def smem_words(p, threads: int, kv_capacity: int) -> int:
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
-        xs = r4(k + k // 2) if experiment_defines().get("AMK_GEMV_XPAD", 0) else r4(k)  # amk_xs_words
-        return xs + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm + r4(epilogue_staged_words(p))
+        return r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm + r4(epilogue_staged_words(p))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -275,7 +284,7 @@ class PackedProgram:
                 c = self.counter_index[w.counter]
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
-            words = max(words, smem_words(p, threads, program.kv_capacity))
+            words = max(words, smem_words(p, threads, program.kv_capacity, wdtype))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
