@@ -20,6 +20,15 @@
 #ifndef AMK_GEMV_UNROLL
 #define AMK_GEMV_UNROLL 8  // 254 registers on sm_80/sm_90 without spills (12 spills)
 #endif
+#ifndef AMK_DIAG_Q_NO_SCALE_LOADS
+#define AMK_DIAG_Q_NO_SCALE_LOADS 0
+#endif
+#ifndef AMK_DIAG_Q_NO_MATH
+#define AMK_DIAG_Q_NO_MATH 0
+#endif
+#ifndef AMK_DIAG_Q_NO_W_LOADS
+#define AMK_DIAG_Q_NO_W_LOADS 0
+#endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
@@ -229,12 +238,23 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
       if (v < nvec) {
-        raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
-        if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+#if AMK_DIAG_Q_NO_W_LOADS  // trace diagnostic only (wrong results): the quantized codes not loaded
+        if constexpr (Q) {
+          raw1[u] = raw2[u] = amk_u32x4{(unsigned)v, (unsigned)r, (unsigned)u, (unsigned)sub};
+        } else
+#endif
+        {
+          raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
+          if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
+        }
         if constexpr (Q) {
           const int g = grp(v);
+#if AMK_DIAG_Q_NO_SCALE_LOADS  // trace diagnostic only (wrong results): no scale loads in the rows loop
+          sc1[u] = sc2[u] = (unsigned)g & 0x3c00u;
+#else
           sc1[u] = sr1.raw(g);
           if (PAIR) sc2[u] = sr2.raw(g);
+#endif
           if constexpr (Z) {
             z1[u] = zr1.raw(g);
             if (PAIR) z2[u] = zr2.raw(g);
@@ -248,7 +268,10 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
       if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
         const float* xv = xs + v * AmkXPadOf<F::VEC>::stride;
         const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
-        if constexpr (Q) {
+        if constexpr (Q && AMK_DIAG_Q_NO_MATH) {  // trace diagnostic only (wrong results): one FFMA a vector
+          s1 += __uint_as_float(w1.x ^ w1.y ^ w1.z ^ w1.w) * xv[0] * sr1.value(sc1[u]);
+          if (PAIR) s2 += __uint_as_float(w2v.x ^ w2v.y ^ w2v.z ^ w2v.w) * xv[4] * sr2.value(sc2[u]);
+        } else if constexpr (Q) {
           const float xsum = Z ? xsums[v] : 0.0f;
           s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
           if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
