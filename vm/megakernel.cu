@@ -47,11 +47,6 @@
 #ifndef AMK_PREFETCH_KB
 #define AMK_PREFETCH_KB 64
 #endif
-// A quantized matrix's scales (and zeros) hinted before its codes: a few lines a task, read by
-// every round of the rows, which the codes' share of the budget used to leave to HBM.
-#ifndef AMK_PREFETCH_Q_FIRST
-#define AMK_PREFETCH_Q_FIRST 0
-#endif
 
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
@@ -64,26 +59,18 @@ AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer
                                   int nthr, const volatile int* keep_going) {
   if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
   long long budget = (long long)AMK_PREFETCH_KB * 1024 / 128;  // 128-byte line slots
-  int first = 0;  // the slots hinted first
-  if (AMK_PREFETCH_Q_FIRST && t->op == AMK_OP_GEMV) {
-    const int q_roles[4] = {AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO};
-    for (int i = 0; i < 4; ++i)
-      if (t->role[q_roles[i]] >= 0) first |= 1 << t->role[q_roles[i]];
-  }
-  for (int pass = 0; pass < 2; ++pass) {
-    const int mask = t->prefetch_in & (pass == 0 ? first : ~first);
-    for (int s = 0; s < t->n_in && mask != 0 && budget > 0; ++s) {
-      if (!((mask >> s) & 1)) continue;
-      const AmkOperand& o = t->in[s];
-      const AmkBuffer& b = bufs[o.buf];
-      const int bits = amk_dtype_bits(b.dtype);
-      const long long count = o.count > 0 ? o.count : 1;
-      const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
-      if (!amk_prefetch_runs((const char*)b.ptr, o.off * bits / 8, o.stride * bits / 8,
-                             (o.len * (dense ? count : 1) * bits + 7) / 8, dense ? 1 : count, tid, nthr, budget,
-                             keep_going))
-        return;
-    }
+  const int mask = t->prefetch_in;
+  for (int s = 0; s < t->n_in && mask != 0 && budget > 0; ++s) {
+    if (!((mask >> s) & 1)) continue;
+    const AmkOperand& o = t->in[s];
+    const AmkBuffer& b = bufs[o.buf];
+    const int bits = amk_dtype_bits(b.dtype);
+    const long long count = o.count > 0 ? o.count : 1;
+    const bool dense = count == 1 || o.stride == o.len;  // back-to-back runs: one byte range
+    if (!amk_prefetch_runs((const char*)b.ptr, o.off * bits / 8, o.stride * bits / 8,
+                           (o.len * (dense ? count : 1) * bits + 7) / 8, dense ? 1 : count, tid, nthr, budget,
+                           keep_going))
+      return;
   }
 }
 
