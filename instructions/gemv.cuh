@@ -20,18 +20,6 @@
 #ifndef AMK_GEMV_UNROLL
 #define AMK_GEMV_UNROLL 8  // 254 registers on sm_80/sm_90 without spills (12 spills)
 #endif
-// A quantized task's scales (and zeros) staged as floats into shared memory by the prologue, so
-// the rows loop reads each vector's scale with one shared load instead of a global load and its
-// addressing (eval/PERF_NOTES.md items 70, 72); tiles over AMK_Q_STAGE_MAX_WORDS stay global.
-#ifndef AMK_Q_STAGE
-#define AMK_Q_STAGE 0
-#endif
-#ifndef AMK_Q_STAGE_MAX_WORDS
-#define AMK_Q_STAGE_MAX_WORDS 16384
-#endif
-#ifndef AMK_Q_STAGE_EARLY
-#define AMK_Q_STAGE_EARLY 8  // staged words a thread loads before x's loads (the rest after)
-#endif
 #ifndef AMK_DIAG_Q_NO_SCALE_LOADS
 #define AMK_DIAG_Q_NO_SCALE_LOADS 0
 #endif
@@ -78,23 +66,11 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
 }
 
-// Groups of columns a quantized slice [k_lo, k_lo + K) touches, and the staged words of its
-// scales (and zeros): rows x groups per matrix and kind, 0 when not staged (vm/loader.py
-// q_stage_words).
-AMK_DEVICE int amk_q_groups(int k_lo, int K, int group) { return (k_lo + K - 1) / group - k_lo / group + 1; }
-AMK_DEVICE long long amk_q_stage_words(const AmkTask& t, int wdtype, int group) {
-  if (!AMK_Q_STAGE || (wdtype != AMK_DTYPE_I8 && wdtype != AMK_DTYPE_U4)) return 0;
-  const int k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
-  const long long n = (long long)amk_row_width(t) * (wdtype == AMK_DTYPE_U4 ? 2 : 1) * t.ip[AMK_P_ROWS] *
-                      amk_q_groups(k_lo, K, group > 0 ? group : 1);
-  return n <= AMK_Q_STAGE_MAX_WORDS ? n : 0;
-}
-
-AMK_DEVICE long long amk_smem_gemv(const AmkTask& t, int wdtype, int group) {
+AMK_DEVICE long long amk_smem_gemv(const AmkTask& t, int wdtype) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   return amk_xs_words(k, wdtype) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
-         amk_round4(amk_gemv_epi_stage(t).words()) + amk_q_stage_words(t, wdtype, group);
+         amk_round4(amk_gemv_epi_stage(t).words());
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -106,8 +82,6 @@ struct AmkGemvW {
   const AmkBuffer* zb;  // zero tile (U4) or nullptr
   amk_i64 zoff, zstride;
   int group, g0, k_lo;  // scale column of slice column c: (k_lo + c) / group - g0
-  const float *qs, *qz;  // the staged scales / zeros, [rows][ng] floats in shared memory, or nullptr
-  int ng;
 };
 
 AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role_z) {
@@ -121,8 +95,6 @@ AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role
   w.group = w.wb->group > 0 ? w.wb->group : 1;
   w.k_lo = c.t->ip[AMK_P_K_LO];
   w.g0 = w.k_lo / w.group;
-  w.qs = w.qz = nullptr;
-  w.ng = 0;
   if (amk_has(c, role_s)) {
     const AmkOperand& s = amk_in(c, role_s);
     w.sb = &amk_buf(c, s), w.soff = s.off, w.sstride = s.stride;
@@ -220,13 +192,6 @@ struct AmkQRow {
     return dt == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dt, (unsigned short)r);
   }
 };
-struct AmkQStaged {  // the same row staged as floats in shared memory (AMK_Q_STAGE)
-  const float* p;
-  AMK_DEVICE unsigned raw(int g) const { return (unsigned)__float_as_int(p[g]); }
-  AMK_DEVICE float value(unsigned r) const { return __uint_as_float(r); }
-};
-template <bool STAGED> struct AmkQSource { using type = AmkQRow; };
-template <> struct AmkQSource<true> { using type = AmkQStaged; };
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
   AmkQRow q;
   q.dt = b ? b->dtype : AMK_DTYPE_F32;
@@ -249,7 +214,7 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
-template <int DT, bool PAIR, bool STAGED>
+template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
                                  const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2) {
   using F = AmkWFmt<DT>;
@@ -259,11 +224,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-  typename AmkQSource<STAGED>::type sr1{}, sr2{}, zr1{}, zr2{};
-  if constexpr (STAGED) {
-    sr1.p = w.qs + r * w.ng, zr1.p = Z ? w.qz + r * w.ng : nullptr;
-    if (PAIR) sr2.p = w2.qs + r * w2.ng, zr2.p = Z ? w2.qz + r * w2.ng : nullptr;
-  } else if (Q) {
+  AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
+  if (Q) {
     sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
     if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
   }
@@ -366,23 +328,6 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-template <int DT, bool PAIR, bool STAGED>
-AMK_DEVICE void amk_gemv_rows_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                  const float* xsums, float* acc, int rows, int K) {
-  constexpr int m = PAIR ? 2 : 1;
-  const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
-#pragma unroll 1
-  for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
-    const int r = r0 + amk_lane() / L;
-    float a1, a2;
-    amk_gemv_row_vec<DT, PAIR, STAGED>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
-    if (sub == 0 && r < rows) {
-      acc[r * m] = a1;
-      if (PAIR) acc[r * m + 1] = a2;
-    }
-  }
-}
-
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
                               int rows, int K) {
@@ -390,10 +335,18 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
   if (vec) {
-    if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
-      if (w.qs != nullptr) return amk_gemv_rows_vec<DT, PAIR, true>(w, w2, grp, xs, xsums, acc, rows, K);
+    const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+#pragma unroll 1
+    for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
+      const int r = r0 + amk_lane() / L;
+      float a1, a2;
+      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
+      if (sub == 0 && r < rows) {
+        acc[r * m] = a1;
+        if (PAIR) acc[r * m + 1] = a2;
+      }
     }
-    return amk_gemv_rows_vec<DT, PAIR, false>(w, w2, grp, xs, xsums, acc, rows, K);
+    return;
   }
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
@@ -431,22 +384,12 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const f
   }
 }
 
-// Staged word i of a quantized task (amk_q_stage_words): ((kind * m + matrix) * rows + row) * ng
-// + group, kind 0 the scales and 1 the zeros, as fp32.
-AMK_DEVICE float amk_q_stage_elem(const AmkGemvW& w, const AmkGemvW& w2, int i, int rows, int ng, int m) {
-  const int rg = i / ng, gi = i - rg * ng, r = rg % rows, km = rg / rows;
-  const AmkGemvW& x = km % m ? w2 : w;
-  return km / m ? amk_load(*x.zb, x.zoff + (amk_i64)r * x.zstride + gi)
-                : amk_load(*x.sb, x.soff + (amk_i64)r * x.sstride + gi);
-}
-
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
   const int m = amk_row_width(t);
-  const AmkBuffer& wbuf = amk_buf(c, amk_in(c, AMK_ROLE_W));
-  const int wdtype = wbuf.dtype;
-  float* xs = amk_smem(c, amk_smem_gemv(t, wdtype, wbuf.group));
+  const int wdtype = amk_buf(c, amk_in(c, AMK_ROLE_W)).dtype;
+  float* xs = amk_smem(c, amk_smem_gemv(t, wdtype));
   if (!xs) return;
   float* acc = xs + amk_xs_words(K, wdtype);
   float* red = acc + amk_round4((long long)rows * m);
@@ -463,26 +406,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
   const float ev = (int)threadIdx.x < es.words() ? amk_epi_stage_word(c, es, threadIdx.x) : 0.0f;
-#if AMK_Q_STAGE
-  // the staged scales (and zeros): a batch of them loaded now, stored after x like ev, the rest after
-  AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
-  AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
-  const int qn = (int)amk_q_stage_words(t, wdtype, wbuf.group);
-  const int ng = qn ? amk_q_groups(k_lo, K, w.group) : 0;
-  float* qs = epi + amk_round4(es.words());
-  float qv[AMK_Q_STAGE_EARLY];
-  auto q_load = [&](int i0) {
-#pragma unroll
-    for (int j = 0; j < AMK_Q_STAGE_EARLY; ++j)
-      if (i0 + j * (int)blockDim.x < qn) qv[j] = amk_q_stage_elem(w, w2, i0 + j * blockDim.x, rows, ng, m);
-  };
-  auto q_store = [&](int i0) {
-#pragma unroll
-    for (int j = 0; j < AMK_Q_STAGE_EARLY; ++j)
-      if (i0 + j * (int)blockDim.x < qn) qs[i0 + j * blockDim.x] = qv[j];
-  };
-  q_load(threadIdx.x);
-#endif
   if (norm) {
     // x and the norm weights staged at once, by the two halves of the block: one memory
     // round trip where loading the weights after the sum of squares took a second one
@@ -508,20 +431,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   }
   if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
   for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
-#if AMK_Q_STAGE
-  q_store(threadIdx.x);
-  for (int i0 = threadIdx.x + AMK_Q_STAGE_EARLY * blockDim.x; i0 < qn; i0 += AMK_Q_STAGE_EARLY * blockDim.x) {
-    q_load(i0);
-    q_store(i0);
-  }
-  if (qn) {  // matrix j's scales at j * rows * ng, its zeros at (m + j) * rows * ng
-    w.qs = qs, w.qz = qs + m * rows * ng, w.ng = ng;
-    w2.qs = qs + (m - 1) * rows * ng, w2.qz = qs + (2 * m - 1) * rows * ng, w2.ng = ng;
-  }
-#else
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
-#endif
   amk_syncthreads();
   if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {

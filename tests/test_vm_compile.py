@@ -221,7 +221,6 @@ def test_pack_program_tables():
         assert sorted(pk.queue_tasks.tolist()) == list(range(len(prog.tasks)))
         for rec, t in zip(pk.tasks, prog.tasks):
             wdt = prog.buffers[t.inputs[0].buf].dtype if t.op == Op.GEMV else DType.F32
-            group = (prog.buffers[t.inputs[0].buf].group or 0) if t.op == Op.GEMV else 0
             for slot, role in enumerate(input_roles(t.params, wdt)):
                 assert rec["role"][loader.ROLE_CODE[role]] == slot
                 assert rec["in"][slot]["off"] == t.inputs[slot].off and rec["in"][slot]["len"] == t.inputs[slot].len
@@ -229,7 +228,7 @@ def test_pack_program_tables():
             for w, wait in zip(rec["waits"], t.waits):
                 assert w["threshold"] == wait.threshold
                 assert w["producers"] == sum(1 for u in prog.tasks if u.out_counter == wait.counter)
-            assert pk.smem_bytes >= 4 * loader.smem_words(t.params, prog.threads_per_block, prog.kv_capacity, wdt, group)
+            assert pk.smem_bytes >= 4 * loader.smem_words(t.params, prog.threads_per_block, prog.kv_capacity, wdt)
         table = pk.buffer_table({b.id: 4096 * (i + 1) for i, b in enumerate(prog.buffers)})
         assert table["ptr"].tolist() == [4096 * (i + 1) for i in range(len(prog.buffers))]
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]

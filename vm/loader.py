@@ -205,25 +205,9 @@ def gemv_x_words(k: int, wdtype: DType) -> int:
     return k + ((k >> shift) * pad if pad else 0)
 
 
-Q_STAGE_MAX_WORDS = 16384  # instructions/gemv.cuh AMK_Q_STAGE_MAX_WORDS
-
-
-def q_stage_words(p, wdtype: DType, group: int) -> int:
-    """Shared words of a quantized GEMV task's staged scales and zeros (instructions/gemv.cuh
-    amk_q_stage_words): rows x touched groups per matrix and kind; 0 when AMK_Q_STAGE is off
-    ($AMK_VM_DEFINES) or the tile is larger than AMK_Q_STAGE_MAX_WORDS."""
-    d = experiment_defines()
-    if not d.get("AMK_Q_STAGE", 0) or wdtype not in (DType.I8, DType.U4):
-        return 0
-    g = group if group > 0 else 1
-    k_lo, k = p.k_lo, p.k_hi - p.k_lo
-    n = gemv_rows_width(p) * (2 if wdtype == DType.U4 else 1) * p.rows * ((k_lo + k - 1) // g - k_lo // g + 1)
-    return n if n <= d.get("AMK_Q_STAGE_MAX_WORDS", Q_STAGE_MAX_WORDS) else 0
-
-
-def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32, group: int = 0) -> int:
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
-    (wdtype, group: a GEMV's weight dtype and quantization group)."""
+    (wdtype: a GEMV's weight dtype)."""
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
@@ -231,8 +215,7 @@ def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32, gro
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
-        return (r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
-                + r4(epilogue_staged_words(p)) + q_stage_words(p, wdtype, group))
+        return r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm + r4(epilogue_staged_words(p))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -274,8 +257,7 @@ class PackedProgram:
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
-            wbuf = program.buffers[self.buffer_index[t.inputs[0].buf]] if p.op == Op.GEMV and t.inputs else None
-            wdtype = wbuf.dtype if wbuf is not None else DType.F32
+            wdtype = program.buffers[self.buffer_index[t.inputs[0].buf]].dtype if p.op == Op.GEMV and t.inputs else DType.F32
             if p.op == Op.GEMV:
                 gemv_wdtypes.add(wdtype)
             iroles, oroles = input_roles(p, wdtype), output_roles(p)
@@ -302,7 +284,7 @@ class PackedProgram:
                 c = self.counter_index[w.counter]
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
-            words = max(words, smem_words(p, threads, program.kv_capacity, wdtype, (wbuf.group or 0) if wbuf else 0))
+            words = max(words, smem_words(p, threads, program.kv_capacity, wdtype))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
