@@ -25,11 +25,11 @@ AMK_DEVICE amk_u32x4 amk_ld16(const void* p) {
 // 4, rotated by whole words of two chunks; finer rotations cost ptxas registers it does not
 // have); the weight words are rotated to match (AmkXRot::words), so chunk c of the rotated
 // words pairs with x chunk (c + s) mod C.
-// AMK_GEMV_XPAD (on by default) does without the rotation for quantized weights (C >= 4): the GEMV stages x
-// with 4 unused floats after each such vector's slice (AmkXPad, gemv.cuh), so the slices of
-// consecutive lanes sit 4 x (elements + 4) bytes apart and a quarter warp's 16-byte reads hit
-// 8 different bank groups in natural order: no SELs to rotate the words, constant x offsets.
-// (16-bit weights measured slower padded than rotated: eval/PERF_NOTES.md item 69.)
+// AMK_GEMV_XPAD (on by default) does without the rotation for quantized weights (C >= 4): the
+// GEMV stages x with 4 unused floats after each such vector's slice (AmkXPad, gemv.cuh), so the
+// slices of consecutive lanes sit 4 x (elements + 4) bytes apart and a quarter warp's 16-byte
+// reads hit 8 different bank groups in natural order: no SELs to rotate the words, constant x
+// offsets. (16-bit weights measured slower padded than rotated: eval/PERF_NOTES.md item 69.)
 #ifndef AMK_GEMV_XPAD
 #define AMK_GEMV_XPAD 1
 #endif

@@ -215,7 +215,8 @@ def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32) -> 
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
-        return r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm + r4(epilogue_staged_words(p))
+        return (r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
+                + r4(epilogue_staged_words(p)))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
