@@ -38,25 +38,20 @@ AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 // Where x element i sits in shared memory: with AMK_GEMV_XPAD (vec.cuh), 4 unused floats after
 // every quantized weight vector's slice of VEC = 16 (I8) or 32 (U4) elements; float weights
 // keep x dense (fp32: 4-float slices, conflict-free as they are; 16-bit: rotated, AmkXRot).
-// VEC is a power of two: i + (i >> shift) * pad.
+// The loader packs log2(VEC) into the task record (AMK_P_X_PAD), so the prologue needs no
+// buffer-table load to place x (that load, before x's own, cost 0.3-0.65 us a prologue:
+// eval/PERF_NOTES.md item 74); builds without quantized weights keep x dense at compile time.
 #define AMK_GEMV_XPAD_ON (AMK_GEMV_XPAD && (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) || AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4)))
-template <int VEC>
-struct AmkXPadOf {
-  static constexpr int pad = AMK_GEMV_XPAD_ON && VEC >= 16 ? 4 : 0, stride = VEC + pad;
-};
 struct AmkXPad {
   int shift, pad;
   AMK_DEVICE int at(int i) const { return i + (i >> shift) * pad; }
 };
-AMK_DEVICE AmkXPad amk_xpad_for(int wdtype) {
-  if (!AMK_GEMV_XPAD_ON) return AmkXPad{0, 0};
-  return wdtype == AMK_DTYPE_I8 ? AmkXPad{4, 4} : wdtype == AMK_DTYPE_U4 ? AmkXPad{5, 4} : AmkXPad{0, 0};
+AMK_DEVICE AmkXPad amk_xpad_of(const AmkTask& t) {
+  const int shift = AMK_GEMV_XPAD_ON ? t.ip[AMK_P_X_PAD] : 0;
+  return AmkXPad{shift, shift ? 4 : 0};
 }
-// The words x takes for K columns of weights of dtype wdtype (vm/loader.py gemv_x_words).
-AMK_DEVICE long long amk_xs_words(long long k, int wdtype) {
-  const AmkXPad p = amk_xpad_for(wdtype);
-  return amk_round4(k + (k >> p.shift) * p.pad);
-}
+// The words x takes (vm/loader.py gemv_x_words).
+AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k + (k >> p.shift) * p.pad); }
 
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
@@ -66,9 +61,9 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
 }
 
-AMK_DEVICE long long amk_smem_gemv(const AmkTask& t, int wdtype) {
+AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
-  return amk_xs_words(k, wdtype) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
+  return amk_xs_words(k, amk_xpad_of(t)) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
          amk_round4(amk_gemv_epi_stage(t).words());
 }
@@ -216,11 +211,12 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                 const float* xsums, int r, bool valid, int K, int L, int sub, float& a1, float& a2) {
+                                 AmkXPad xp, const float* xsums, int r, bool valid, int K, int L, int sub, float& a1,
+                                 float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-  const int nvec = valid ? K / F::VEC : 0;
+  const int nvec = valid ? K / F::VEC : 0, xstride = F::VEC + xp.pad;  // x floats a vector takes
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
@@ -266,7 +262,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
       if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
-        const float* xv = xs + v * AmkXPadOf<F::VEC>::stride;
+        const float* xv = xs + v * xstride;
         const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
         if constexpr (Q && AMK_DIAG_Q_NO_MATH) {  // trace diagnostic only (wrong results): one FFMA a vector
           s1 += __uint_as_float(w1.x ^ w1.y ^ w1.z ^ w1.w) * xv[0] * sr1.value(sc1[u]);
@@ -287,7 +283,6 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
     }
   }
   if (valid) {
-    const AmkXPad xp = amk_xpad_for(DT);
     for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
       const float x = xs[xp.at(col)];
       s1 += amk_w_at(w, r, col) * x;
@@ -329,8 +324,8 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
-                              int rows, int K) {
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
+                              float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
@@ -340,7 +335,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
       float a1, a2;
-      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xsums, r, r < rows, K, L, sub, a1, a2);
+      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xp, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
         acc[r * m] = a1;
         if (PAIR) acc[r * m + 1] = a2;
@@ -351,7 +346,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
     float a1, a2;
-    amk_gemv_row_scalar<PAIR>(w, w2, xs, amk_xpad_for(DT), r, K, a1, a2);
+    amk_gemv_row_scalar<PAIR>(w, w2, xs, xp, r, K, a1, a2);
     if (amk_lane() == 0) {
       acc[r * m] = a1;
       if (PAIR) acc[r * m + 1] = a2;
@@ -361,10 +356,10 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums,
-                                 float* acc, int rows, int K) {
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+                                 const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     return true;
   } else {
     return false;
@@ -372,14 +367,14 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 }
 
 template <bool PAIR>
-AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, const float* xsums, float* acc,
-                                  int rows, int K) {
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+                                  const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xsums, acc, rows, K);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xsums, acc, rows, K);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xsums, acc, rows, K);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xsums, acc, rows, K);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xsums, acc, rows, K);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -388,17 +383,16 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
   const int m = amk_row_width(t);
-  const int wdtype = amk_buf(c, amk_in(c, AMK_ROLE_W)).dtype;
-  float* xs = amk_smem(c, amk_smem_gemv(t, wdtype));
+  const AmkXPad xp = amk_xpad_of(t);
+  float* xs = amk_smem(c, amk_smem_gemv(t));
   if (!xs) return;
-  float* acc = xs + amk_xs_words(K, wdtype);
+  float* acc = xs + amk_xs_words(K, xp);
   float* red = acc + amk_round4((long long)rows * m);
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
-  const AmkXPad xp = amk_xpad_for(wdtype);
   float* xsums = red + AMK_WARP_SIZE;
   float* gs = xsums + amk_round4(K / AMK_XSUM_CHUNK);
   float* epi = gs + (norm ? amk_round4(K) : 0);
@@ -448,8 +442,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xsums, acc, rows, K);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xsums, acc, rows, K);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

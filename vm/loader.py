@@ -104,7 +104,7 @@ ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 # AmkParamIndex
 PARAM_INDEX = {
     "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
-    "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10,
+    "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10, "P_X_PAD": 11,
     "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
@@ -153,7 +153,7 @@ def attn_score_cap(p, kv_capacity: int) -> int:
     return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
 
 
-def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
+def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, wdtype: DType = DType.F32) -> None:
     op = p.op
     if op in (Op.GEMV, Op.REDUCE):
         ip[_P("P_ROWS")], ip[_P("P_EPILOGUE")], ip[_P("P_HAS_BIAS")] = p.rows, int(p.epilogue), int(p.has_bias)
@@ -163,6 +163,7 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int) -> None:
         if op == Op.GEMV:
             ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
             ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
+            ip[_P("P_X_PAD")] = gemv_x_pad_shift(wdtype)
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -196,13 +197,18 @@ def epilogue_staged_words(p) -> int:
             + (p.head_dim // 2 if rope else 0) + (1 if rope or p.epilogue == Epilogue.APPEND else 0))
 
 
+def gemv_x_pad_shift(wdtype: DType) -> int:
+    """log2 of the columns between the 4 unused floats of a GEMV's staged x (the task record's
+    P_X_PAD, instructions/gemv.cuh AmkXPad): one weight vector, 16 (I8) or 32 (U4) columns,
+    for quantized weights; 0 (x dense) otherwise or when $AMK_VM_DEFINES sets AMK_GEMV_XPAD=0."""
+    shift = {DType.I8: 4, DType.U4: 5}.get(wdtype, 0)
+    return shift if experiment_defines().get("AMK_GEMV_XPAD", 1) else 0
+
+
 def gemv_x_words(k: int, wdtype: DType) -> int:
-    """Words of a GEMV's staged x (instructions/gemv.cuh amk_xs_words): quantized weights get 4
-    unused floats after each vector's 16 (I8) or 32 (U4) columns, unless $AMK_VM_DEFINES sets
-    AMK_GEMV_XPAD=0."""
-    shift = {DType.I8: 4, DType.U4: 5}.get(wdtype)
-    pad = 4 if shift is not None and experiment_defines().get("AMK_GEMV_XPAD", 1) else 0
-    return k + ((k >> shift) * pad if pad else 0)
+    """Words of a GEMV's staged x (instructions/gemv.cuh amk_xs_words)."""
+    shift = gemv_x_pad_shift(wdtype)
+    return k + ((k >> shift) * 4 if shift else 0)
 
 
 def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32) -> int:
@@ -284,7 +290,7 @@ class PackedProgram:
             for s, w in enumerate(t.waits):
                 c = self.counter_index[w.counter]
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
-            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity)
+            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, wdtype)
             words = max(words, smem_words(p, threads, program.kv_capacity, wdtype))
         self.tasks = recs
         self.smem_bytes = 4 * words
