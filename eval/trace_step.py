@@ -142,6 +142,17 @@ def compare(a: dict, b: dict) -> list[str]:
     return lines
 
 
+def export_defines(defines: list[str]) -> None:
+    """--define NAME=VALUE ... merged into $AMK_VM_DEFINES (these win), as `amk bench` takes
+    experiments: the loader then applies them to the build and to what it derives from them
+    (shared-memory sizes, packed layout fields), not to the NVRTC build alone."""
+    from amk.vm.loader import parse_defines
+
+    merged = {**parse_defines(os.environ.get("AMK_VM_DEFINES", ""), "AMK_VM_DEFINES"),
+              **parse_defines(",".join(defines), "--define")}
+    os.environ["AMK_VM_DEFINES"] = ",".join(f"{k}={v}" for k, v in merged.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
@@ -151,17 +162,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--prefetch-depth", type=int, default=None)
-    ap.add_argument("--define", action="append", default=[], help="extra NVRTC define NAME=VALUE (experiments)")
+    ap.add_argument("--define", action="append", default=[],
+                    help="experiment define AMK_NAME=INT, added to $AMK_VM_DEFINES (repeatable)")
     ap.add_argument("--config", default=None, help="a ScheduleConfig JSON file (e.g. eval/configs/int8_g128.json)")
     a = ap.parse_args()
     if a.compare:
         print("\n".join(compare(*map(median_step, a.compare))))
         return
     if a.define:
-        from amk.vm import build
-        extra = dict(d.split("=", 1) for d in a.define)
-        orig = build.load_kernel
-        build.load_kernel = lambda *x, defines=None, **k: orig(*x, defines={**(defines or {}), **extra}, **k)
+        export_defines(a.define)
     import amk.api
     from amk.eval.shapes import random_weights_like, shape_config
     from amk.schedule.importer import spec_from_hf_config

@@ -4,8 +4,10 @@ from the ops' marks, and the critical path walked back through waits and queue o
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from amk.eval.trace_step import analyse
+from amk.eval.trace_step import analyse, export_defines
+from amk.vm.loader import experiment_defines
 from programs import lm_head_program
 
 
@@ -59,3 +61,13 @@ def test_compare_two_traces(tmp_path):
     gemv = next(line for line in lines if line.strip().startswith("2") and "|" in line)
     assert "0.30 ->     0.80" in gemv  # the last phase (epilogue) grew by the 0.5 us
     assert any(line.strip().startswith("2") and " op " in line for line in lines)
+
+
+def test_defines_reach_the_loader(monkeypatch):
+    """--define goes through $AMK_VM_DEFINES (merged, the flag winning), which is what the
+    loader's builds, shared-memory sizes and packed layout fields read."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_XPAD=1,AMK_SPIN_MIN_NS=64")
+    export_defines(["AMK_GEMV_XPAD=0", "AMK_DIAG_Q_NO_MATH=1"])
+    assert experiment_defines() == {"AMK_GEMV_XPAD": 0, "AMK_SPIN_MIN_NS": 64, "AMK_DIAG_Q_NO_MATH": 1}
+    with pytest.raises(ValueError):
+        export_defines(["NOT_AMK=1"])
