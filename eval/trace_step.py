@@ -146,10 +146,9 @@ def export_defines(defines: list[str]) -> None:
     """--define NAME=VALUE ... merged into $AMK_VM_DEFINES (these win), as `amk bench` takes
     experiments: the loader then applies them to the build and to what it derives from them
     (shared-memory sizes, packed layout fields), not to the NVRTC build alone."""
-    from amk.vm.loader import parse_defines
+    from amk.vm.loader import experiment_defines, parse_defines
 
-    merged = {**parse_defines(os.environ.get("AMK_VM_DEFINES", ""), "AMK_VM_DEFINES"),
-              **parse_defines(",".join(defines), "--define")}
+    merged = {**experiment_defines(), **parse_defines(",".join(defines), "--define")}
     os.environ["AMK_VM_DEFINES"] = ",".join(f"{k}={v}" for k, v in merged.items())
 
 

@@ -38,9 +38,10 @@ AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 // Where x element i sits in shared memory: with AMK_GEMV_XPAD (vec.cuh), 4 unused floats after
 // every quantized weight vector's slice of VEC = 16 (I8) or 32 (U4) elements; float weights
 // keep x dense (fp32: 4-float slices, conflict-free as they are; 16-bit: rotated, AmkXRot).
-// The loader packs log2(VEC) into the task record (AMK_P_X_PAD), so the layout has one
-// authority and placing x needs no buffer-table load (eval/PERF_NOTES.md item 74); builds
-// without quantized weights keep x dense at compile time.
+// The loader decides whether x is padded and packs log2(VEC) into the task record
+// (AMK_P_X_PAD), so placing x needs no buffer-table load (eval/PERF_NOTES.md item 74); the
+// rows loop steps by VEC + pad, so that spacing must be the format's VEC. Builds without
+// quantized weights keep x dense at compile time.
 #define AMK_GEMV_XPAD_ON (AMK_GEMV_XPAD && (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) || AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4)))
 struct AmkXPad {
   int shift, pad;

@@ -261,3 +261,15 @@ def test_cli_builds_defines_and_spill_report(monkeypatch, capsys):
     assert seen == {90: {**compile_check.SPECIALIZED["int4"], "AMK_ATTN_PV_WIDE": 1}}
     assert "sm_90 int4 AMK_ATTN_PV_WIDE=1: FAILED\n  spill stores 56 B, spill loads 176 B" in capsys.readouterr().out
     assert compile_check.main(["x9"]) == 2 and compile_check.main(["90", "-D", "AMK_X=y"]) == 2
+
+
+def test_x_pad_spacing_is_the_formats_vector():
+    """The loader's x padding (P_X_PAD) is spaced by one weight vector of the format, which is
+    what the device's rows loop steps by (AmkWFmt<DT>::VEC in instructions/vec.cuh)."""
+    vec_cuh = (INS_DIR / "vec.cuh").read_text()
+    for dt in (DType.I8, DType.U4):
+        vec = int(re.search(rf"struct AmkWFmt<AMK_DTYPE_{dt.name}> {{[^\n]*\n\s*static constexpr int VEC = (\d+)",
+                            vec_cuh).group(1))
+        assert 1 << loader.gemv_x_pad_shift(dt) == vec
+        assert loader.gemv_x_words(4 * vec, dt) == 4 * vec + 4 * 4
+    assert loader.gemv_x_pad_shift(DType.BF16) == 0 and loader.gemv_x_words(64, DType.BF16) == 64

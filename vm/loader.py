@@ -153,7 +153,7 @@ def attn_score_cap(p, kv_capacity: int) -> int:
     return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
 
 
-def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, wdtype: DType = DType.F32) -> None:
+def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, wdtype: DType) -> None:
     op = p.op
     if op in (Op.GEMV, Op.REDUCE):
         ip[_P("P_ROWS")], ip[_P("P_EPILOGUE")], ip[_P("P_HAS_BIAS")] = p.rows, int(p.epilogue), int(p.has_bias)
@@ -200,7 +200,9 @@ def epilogue_staged_words(p) -> int:
 def gemv_x_pad_shift(wdtype: DType) -> int:
     """log2 of the columns between the 4 unused floats of a GEMV's staged x (the task record's
     P_X_PAD, instructions/gemv.cuh AmkXPad): one weight vector, 16 (I8) or 32 (U4) columns,
-    for quantized weights; 0 (x dense) otherwise or when $AMK_VM_DEFINES sets AMK_GEMV_XPAD=0."""
+    for quantized weights; 0 (x dense) otherwise or when $AMK_VM_DEFINES sets AMK_GEMV_XPAD=0.
+    The device's rows loop steps by the format's vector (AmkWFmt<DT>::VEC) plus the pad, so
+    the spacing here must be that vector."""
     shift = {DType.I8: 4, DType.U4: 5}.get(wdtype, 0)
     return shift if experiment_defines().get("AMK_GEMV_XPAD", 1) else 0
 
