@@ -39,7 +39,9 @@ def analyse(program, tr: np.ndarray) -> dict:
     t0 = int(raw[:, 0].min())
     tr = raw - t0
     ws, wm, dn = tr[:, 0], tr[:, 1], tr[:, 2]
-    marks = [np.where(raw[:, c] > 0, tr[:, c], -1) for c in range(3, raw.shape[1])]  # -1: not marked
+    marks = [np.where(raw[:, c] > 0, tr[:, c], -1) for c in range(3, min(6, raw.shape[1]))]  # -1: not marked
+    # column 6 (body done, before the counter release) where the trace has it
+    body = np.where(raw[:, 6] > 0, tr[:, 6], -1) if raw.shape[1] > 6 else None
     producers = defaultdict(list)
     for i, t in enumerate(tasks):
         producers[t.out_counter].append(i)
@@ -54,10 +56,13 @@ def analyse(program, tr: np.ndarray) -> dict:
             prev[i] = last
             qpos[i] = (q, k)
             last = i
-    per = defaultdict(lambda: {"n": 0, "op_sum_us": 0.0, "op_max_us": 0.0, "wait_sum_us": 0.0, "gap_sum_us": 0.0})
+    per = defaultdict(lambda: {"n": 0, "op_sum_us": 0.0, "op_max_us": 0.0, "wait_sum_us": 0.0, "gap_sum_us": 0.0,
+                               "release_sum_us": 0.0})
     for i, t in enumerate(tasks):
         d = per[task_kind(t)]
         d["n"] += 1
+        if body is not None and body[i] >= wm[i]:
+            d["release_sum_us"] += (dn[i] - body[i]) / 1e3
         op_us = (dn[i] - wm[i]) / 1e3
         d["op_sum_us"] += op_us
         d["op_max_us"] = max(d["op_max_us"], op_us)
@@ -133,6 +138,16 @@ def compare(a: dict, b: dict) -> list[str]:
         pa, pb = a["phases"].get(k, {}), b["phases"].get(k, {})
         names = sorted(n for n in set(pa) | set(pb) if n != "n")
         lines.append(f"  {k[:44]:44s} " + " | ".join(pair(pa.get(n, 0.0), pb.get(n, 0.0)) for n in names))
+    ra, rb = a["per_kind"], b["per_kind"]
+    if any(v.get("release_sum_us") for v in list(ra.values()) + list(rb.values())):
+        lines.append("counter release (op done - body done), mean us:")
+
+        def rel(d, k):
+            v = d.get(k)
+            return v.get("release_sum_us", 0.0) / v["n"] if v else 0.0
+
+        for k in sorted(set(ra) | set(rb)):
+            lines.append(f"  {k[:44]:44s} {pair(rel(ra, k), rel(rb, k))}")
     lines.append("critical path, us (n before/after: op, hop):")
     ca, cb = a["critical_path"]["by_kind"], b["critical_path"]["by_kind"]
     for k in sorted(set(ca) | set(cb)):
@@ -209,10 +224,11 @@ def main() -> None:
     r = sorted(results, key=lambda x: x["step_us"])[len(results) // 2]
     print(f"\nstep {r['step_us']:.0f} us, {r['ntasks']} tasks, {r['nqueues']} queues; "
           f"sum op {r['queue_busy_us']['op_total']:.0f} us, sum wait {r['queue_busy_us']['wait_total']:.0f} us")
-    print(f"{'kind':44s} {'n':>5s} {'op_sum':>9s} {'op_avg':>8s} {'op_max':>8s} {'wait_sum':>9s} {'gap_sum':>9s}")
+    print(f"{'kind':44s} {'n':>5s} {'op_sum':>9s} {'op_avg':>8s} {'op_max':>8s} {'wait_sum':>9s} {'gap_sum':>9s} "
+          f"{'release_avg':>11s}")
     for k, v in sorted(r["per_kind"].items(), key=lambda kv: -kv[1]["op_sum_us"]):
         print(f"{k[:44]:44s} {v['n']:5d} {v['op_sum_us']:9.0f} {v['op_sum_us'] / v['n']:8.1f} {v['op_max_us']:8.1f} "
-              f"{v['wait_sum_us']:9.0f} {v['gap_sum_us']:9.0f}")
+              f"{v['wait_sum_us']:9.0f} {v['gap_sum_us']:9.0f} {v.get('release_sum_us', 0.0) / v['n']:11.2f}")
     print("\nin-op phases, mean us (GEMV: prologue | rows | epilogue+signal; attention partial: q+pos | "
           "scores | P.V | store+signal; combine: (m,l) | weights | outputs+signal; argmax: scan | warps | "
           "final+signal):")

@@ -30,9 +30,12 @@ struct AmkCtx {
   unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
 };
 
-// Trace columns per task (AMK_TRACE builds): wait start, wait met, op done, then up to three
-// phase marks an op records inside itself (0 = not reached / not marked).
-#define AMK_TRACE_COLS 6
+// Trace columns per task (AMK_TRACE builds): wait start, wait met, op done (its counter
+// released), then up to three phase marks an op records inside itself (0 = not reached / not
+// marked), then body done (the op returned and the block passed its barrier: what the release
+// after it costs is op done minus this).
+#define AMK_TRACE_COLS 7
+#define AMK_TRACE_BODY_DONE 6
 #ifdef AMK_TRACE
 AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
   if (threadIdx.x == 0) c.trace_row[3 + k] = amk_timer_ns();

@@ -71,3 +71,19 @@ def test_defines_reach_the_loader(monkeypatch):
     assert experiment_defines() == {"AMK_GEMV_XPAD": 0, "AMK_SPIN_MIN_NS": 64, "AMK_DIAG_Q_NO_MATH": 1}
     with pytest.raises(ValueError):
         export_defines(["NOT_AMK=1"])
+
+
+def test_release_column():
+    """A seventh column (body done, before the counter release) gives each kind's mean release
+    time; six-column traces (older builds) report none."""
+    prog, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
+    tr6 = _fake_trace(prog)
+    tr7 = np.concatenate([tr6, (tr6[:, 2] - 250)[:, None]], axis=1)  # released 250 ns after the body
+    r6, r7 = analyse(prog, tr6), analyse(prog, tr7)
+    for k, v in r7["per_kind"].items():
+        assert abs(v["release_sum_us"] / v["n"] - 0.25) < 1e-9, k
+    assert all(v["release_sum_us"] == 0.0 for v in r6["per_kind"].values())
+    assert r6["phases"] == r7["phases"]  # the body column is not a phase mark
+    from amk.eval.trace_step import compare
+
+    assert any("counter release" in line for line in compare(r6, r7))

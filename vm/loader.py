@@ -378,7 +378,7 @@ def _bytes_to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8).copy()).to(device)
 
 
-TRACE_COLS = 6  # instructions/common.cuh AMK_TRACE_COLS
+TRACE_COLS = 7  # instructions/common.cuh AMK_TRACE_COLS
 
 
 class CudaVM:
@@ -398,7 +398,7 @@ class CudaVM:
         start, wait met and op done, then up to 3 phase marks inside the op (GEMV: prologue
         done, rows done; attention partial: q staged, scores done, P.V done; combine: (m, l)
         staged, weights done; argmax: thread 0's scan done, warps' bests in; 0 = none);
-        `trace()` returns the last step's [ntasks, 6] table.
+        `trace()` returns the last step's [ntasks, 7] table.
         `specialize`: compile only the dtype code paths the program uses (a smaller kernel,
         so fewer instruction-cache misses; one build per dtype combination) instead of the
         generic kernel that runs any program."""
@@ -598,8 +598,9 @@ class CudaVM:
         return dict(total, overhead_pct=100.0 * total["other"] / base if base else 0.0)
 
     def trace(self) -> torch.Tensor:
-        """[ntasks, 6] int64 globaltimer ns of the last traced step (task id order): wait
-        start, wait met, op done, phase marks (0 = none). Needs CudaVM(..., trace=True)."""
+        """[ntasks, 7] int64 globaltimer ns of the last traced step (task id order): wait
+        start, wait met, op done (released), three phase marks (0 = none), body done (before
+        the release). Needs CudaVM(..., trace=True)."""
         if self._trace is None:
             raise VMRefused("tracing is off: construct CudaVM(..., trace=True)")
         torch.cuda.synchronize(self.device)

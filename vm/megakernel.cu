@@ -115,7 +115,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                unsigned* counters, int* status, const int* host_abort, unsigned epoch,
                unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth
 #ifdef AMK_TRACE
-               , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS]: wait start, wait met, op done, marks (ns)
+               , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS]: wait start, wait met, op done, marks, body done (ns)
 #endif
                ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
@@ -175,6 +175,9 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
 
     amk_dispatch(c);
     amk_syncthreads();
+#ifdef AMK_TRACE
+    if (threadIdx.x == 0) c.trace_row[AMK_TRACE_BODY_DONE] = amk_timer_ns();
+#endif
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) c.trace_row[2] = amk_timer_ns();
