@@ -634,5 +634,10 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
   const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+#if AMK_DIAG_TWICE
+  amk_syncthreads();
+  amk_trace_mark(c, 2);  // cold output loop done
+  amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+#endif
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

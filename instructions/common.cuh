@@ -36,6 +36,12 @@ struct AmkCtx {
 // after it costs is op done minus this).
 #define AMK_TRACE_COLS 7
 #define AMK_TRACE_BODY_DONE 6
+// Trace diagnostic only: the GEMV epilogue and the attention combine's output loop run twice,
+// trace mark 2 between, so a trace shows a cold pass beside a warm one (idempotent for the
+// models without biases or head norms; results otherwise wrong).
+#ifndef AMK_DIAG_TWICE
+#define AMK_DIAG_TWICE 0
+#endif
 #ifdef AMK_TRACE
 AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
   if (threadIdx.x == 0) c.trace_row[3 + k] = amk_timer_ns();
