@@ -235,29 +235,12 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
 #ifndef AMK_SPLIT_SUM_UNROLL
 #define AMK_SPLIT_SUM_UNROLL 16  // split loads in flight per thread (REDUCE, the attention combine)
 #endif
-// The terms past n are computed too (at index n - 1, so their own reads stay in range) and
-// dropped by a select: a branch per term made nvcc issue each term's shared-memory read after
-// its branch, one dependent round a term (the combine's output loop took 3.5k cycles instead of
-// 1.8k alone: eval/combine_microbench.py, PERF_NOTES item 75).
-#ifndef AMK_SUM_SELECT
-#define AMK_SUM_SELECT 1
-#endif
 template <int U, class Load, class Term>
 AMK_DEVICE float amk_ordered_sum(int n, Load load, Term term) {
   float s = 0.0f;
 #pragma unroll 1
   for (int k0 = 0; k0 < n; k0 += U) {
     float v[U];
-#if AMK_SUM_SELECT
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = k0 + u < n ? load(k0 + u) : 0.0f;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool in = k0 + u < n;
-      const float x = term(in ? k0 + u : n - 1, v[u]);
-      s = !in ? s : k0 + u == 0 ? x : amk_add(s, x);
-    }
-#else
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (k0 + u < n) v[u] = load(k0 + u);
@@ -267,7 +250,6 @@ AMK_DEVICE float amk_ordered_sum(int n, Load load, Term term) {
         const float x = term(k0 + u, v[u]);
         s = k0 + u == 0 ? x : amk_add(s, x);
       }
-#endif
   }
   return s;
 }

@@ -61,6 +61,8 @@ def build_options(arch: int, threads: int, min_blocks: int = 1,
     opts = ["--std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}", f"-DAMK_MIN_BLOCKS={min_blocks}"]
     for k, v in sorted((defines or {}).items()):
         opts.append(f"-D{k}={v}")
+    if os.environ.get("AMK_NVRTC_LINEINFO") == "1":  # source lines for a profiler (eval/ncu_step.py); same SASS
+        opts.append("-lineinfo")
     return opts
 
 
