@@ -7,6 +7,7 @@
 #endif
 
 #define AMK_DEVICE __device__ __forceinline__
+#define AMK_DEVICE_NOINLINE __device__ __noinline__  // cold paths kept out of the hot code
 #define AMK_KERNEL(threads, min_blocks) __global__ void __launch_bounds__(threads, min_blocks)
 
 // GEMV 16-byte loads in flight per lane (instructions/gemv.cuh). sm_120's ptxas spends

@@ -12,6 +12,7 @@
 #endif
 
 #define AMK_DEVICE __device__ __forceinline__
+#define AMK_DEVICE_NOINLINE __device__ __attribute__((noinline))  // cold paths kept out of the hot code
 // HIP's __launch_bounds__ takes waves per SIMD, not blocks per CU: state both limits directly
 // (4 SIMDs per CU, so min_blocks blocks of `threads` need min_blocks*threads/(4*64) waves each).
 #define AMK_KERNEL(threads, min_blocks)                                           \

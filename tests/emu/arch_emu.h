@@ -17,6 +17,7 @@
 
 #define AMK_WARP_SIZE 32
 #define AMK_DEVICE inline
+#define AMK_DEVICE_NOINLINE inline
 #define AMK_KERNEL(threads, min_blocks) void
 #define AMK_FULL_MASK 0xffffffffu
 #define __restrict__ __restrict
