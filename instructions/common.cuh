@@ -197,14 +197,10 @@ AMK_DEVICE bool amk_prefetch_runs(const char* base, long long first_byte, long l
 }
 
 // ---------------------------------------------------------------- addressing
-// Element i of a flat operand (the union of its count runs, in order).
-#ifndef AMK_FLAT_OUTLINE
-#define AMK_FLAT_OUTLINE 1
-#endif
-#if AMK_FLAT_OUTLINE
 // Element i of an operand of several runs, out of line: inlined at every element access, its
-// divisions were half of the sm_90 kernel's instructions (nvdisasm --print-line-info), which
-// crowded the instruction cache of the latency-bound phases (PERF_NOTES item 76).
+// divisions were 30 % of the sm_90 bf16 kernel's instructions (nvdisasm --print-line-info: 43,440 ->
+// 30,448 without them), crowding the instruction cache of the latency-bound phases (PERF_NOTES
+// item 76: the 1B -0.8 %, the SmolLM2 shape -3.5 %).
 AMK_DEVICE_NOINLINE amk_i64 amk_flat_runs(amk_i64 off, amk_i64 stride, int len, amk_i64 i) {
   if (i >= 0 && i <= 0xffffffffll) {  // a 32-bit division: the 64-bit one is a ~70-instruction call
     const unsigned ui = (unsigned)i, run = ui / (unsigned)len;
@@ -213,20 +209,11 @@ AMK_DEVICE_NOINLINE amk_i64 amk_flat_runs(amk_i64 off, amk_i64 stride, int len, 
   const amk_i64 run = i / len;
   return off + run * stride + (i - run * len);
 }
+
+// Element i of a flat operand (the union of its count runs, in order).
 AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
   return o.count <= 1 ? o.off + i : amk_flat_runs(o.off, o.stride, o.len, i);
 }
-#else
-AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
-  if (o.count <= 1) return o.off + i;
-  if (i >= 0 && i <= 0xffffffffll) {  // a 32-bit division: the 64-bit one is a ~70-instruction call
-    const unsigned ui = (unsigned)i, run = ui / (unsigned)o.len;
-    return o.off + (amk_i64)run * o.stride + (ui - run * (unsigned)o.len);
-  }
-  const amk_i64 run = i / o.len;
-  return o.off + run * o.stride + (i - run * o.len);
-}
-#endif
 
 // Element i of a KV operand at cache row `row`.
 AMK_DEVICE amk_i64 amk_kv(const AmkOperand& o, const AmkBuffer& b, amk_i64 row, amk_i64 i) {
