@@ -4,7 +4,7 @@ PC sampling (where the megakernel's warps stall, per SASS instruction and source
     AMK_NVRTC_LINEINFO=1 ncu --profile-from-start off --section WarpStateStats --section SourceCounters \\
         -o step python -m amk.eval.ncu_step --shape llama-3.2-1b --ctx 1024
     ncu --import step.ncu-rep --page source --csv --print-source cuda,sass > step_source.csv
-    python -m amk.eval.ncu_step --summarize step_source.csv
+    python -m amk.eval.ncu_step --summarize step_source.csv [--region attention.cuh:566-650 ...]
 
 A diagnostic (no correctness gate, profiler overhead): see eval/PERF_NOTES.md.
 """
@@ -13,36 +13,76 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
 from collections import defaultdict
 
 
-def summarize(path: str, top: int = 40) -> None:
-    """Stall samples per source line (file:line) from `--page source --csv --print-source cuda,sass`."""
+def read_source_page(path: str) -> dict[tuple[str, int], dict[str, int]]:
+    """Per source line (file name, line number): its warp-stall samples, 'samples' in all and
+    one count per stall reason ('barrier', 'long_sb', 'no_inst', ...), from a source page
+    exported with `--page source --csv --print-source cuda,sass` (sections of "File Path"
+    rows, each followed by its source lines and their SASS rows)."""
+    out: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    head_i = next(i for i, r in enumerate(rows) if any("Sampling" in c for c in r))
-    head = rows[head_i]
-    col = next(i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All"))
-    src = next((i for i, c in enumerate(head) if c in ("Source", "# Address", "Address")), 0)
-    per = defaultdict(float)
-    total = 0.0
-    where = "?"
-    for r in rows[head_i + 1:]:
-        if len(r) <= col:
+    file, head = None, None
+    for r in rows:
+        if not r:
             continue
-        m = re.search(r"([\w./-]+\.(?:cuh|cu|h)):(\d+)", " ".join(r[:src + 2]))
-        if m:
-            where = f"{m.group(1).split('/')[-1]}:{m.group(2)}"
-        try:
-            v = float(r[col].replace(",", "") or 0)
-        except ValueError:
-            continue
-        per[where] += v
-        total += v
-    print(f"{total:.0f} stall samples; top {top} source lines:")
-    for k, v in sorted(per.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"  {v / max(total, 1) * 100:5.1f} %  {k}")
+        if r[0] == "File Path":
+            file = r[1].replace("\\", "/").split("/")[-1]
+        elif r[0] == "Line No":
+            head = r
+        elif file and head and r[0].strip().isdigit():
+            d = out[(file, int(r[0]))]
+            for name, v in zip(head, r):
+                if name == "Warp Stall Sampling (All Samples)" or (name.startswith("stall_") and "(" not in name):
+                    try:
+                        n = int(v.replace(",", "") or 0)
+                    except ValueError:
+                        continue
+                    d["samples" if name.startswith("Warp") else name.removeprefix("stall_")] += n
+    return out
+
+
+def region_reasons(lines: dict, file: str, first: int, last: int) -> dict[str, float]:
+    """The stall reasons of source lines first..last of `file`, as shares of their samples,
+    with 'share': the region's share of all samples."""
+    agg: dict[str, int] = defaultdict(int)
+    for (f, n), d in lines.items():
+        if f == file and first <= n <= last:
+            for k, v in d.items():
+                agg[k] += v
+    total = sum(d["samples"] for d in lines.values()) or 1
+    own = agg.pop("samples", 0)
+    out = {k: v / own for k, v in agg.items()} if own else {}
+    out["share"] = own / total
+    return out
+
+
+def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[str]:
+    """Lines of text: the share of stall samples per file, the stall reasons of each region
+    ("file.cuh:FIRST-LAST"), and the top source lines with their three largest stall reasons."""
+    lines = read_source_page(path)
+    extra = []
+    for reg in regions:
+        file, _, span = reg.rpartition(":")
+        first, _, last = span.partition("-")
+        r = region_reasons(lines, file, int(first), int(last or first))
+        share = r.pop("share")
+        why = ", ".join(f"{k} {v * 100:.1f} %" for k, v in sorted(r.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+        extra.append(f"  {reg}: {share * 100:.1f} % of the samples; {why}")
+    total = sum(d["samples"] for d in lines.values()) or 1
+    per_file: dict[str, int] = defaultdict(int)
+    for (f, _), d in lines.items():
+        per_file[f] += d["samples"]
+    out = [f"{total} stall samples; per file: " + ", ".join(
+        f"{f} {v / total * 100:.1f} %" for f, v in sorted(per_file.items(), key=lambda kv: -kv[1]))]
+    out += extra
+    for (f, n), d in sorted(lines.items(), key=lambda kv: -kv[1]["samples"])[:top]:
+        reasons = sorted(((k, v) for k, v in d.items() if k != "samples"), key=lambda kv: -kv[1])[:3]
+        why = ", ".join(f"{k} {v / max(d['samples'], 1) * 100:.0f} %" for k, v in reasons if v)
+        out.append(f"  {d['samples'] / total * 100:5.1f} %  {f}:{n}  ({why})")
+    return out
 
 
 def main() -> None:
@@ -51,9 +91,11 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--config", default=None, help="a ScheduleConfig JSON file")
     ap.add_argument("--summarize", default=None, metavar="CSV", help="summarize an exported source page and exit")
+    ap.add_argument("--region", action="append", default=[], metavar="FILE:FIRST-LAST",
+                    help="with --summarize: the stall reasons of these source lines (repeatable)")
     a = ap.parse_args()
     if a.summarize:
-        summarize(a.summarize)
+        print("\n".join(summarize(a.summarize, regions=tuple(a.region))))
         return
     import torch
 

@@ -66,6 +66,48 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
     assert spills[0] <= stores and spills[1] <= loads, output
 
 
+# Machine-code bytes of the H100's bf16 build: the latency-bound phases (prologues, epilogues,
+# attention, combine) fetch their code anew for each task, so code size costs time. Moving
+# amk_flat's divisions out of line took it from 695,040 to 487,168 B and the SmolLM2 shape
+# -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 76); the budget catches a regrowth.
+CODE_BUDGET_SM90_BF16 = 520_000
+
+
+def test_nvcc_sm90_bf16_code_within_its_budget():
+    if compile_check.nvcc_path() is None:
+        pytest.skip("nvcc not found (install the CUDA toolkit to check the device sources)")
+    size = compile_check.nvcc_code_bytes(90, defines=compile_check.SPECIALIZED["bf16"])
+    assert 0 < size <= CODE_BUDGET_SM90_BF16, size
+
+
+def _elf(sections: list[tuple[str, int]]) -> bytes:
+    """A minimal ELF64 little-endian object with the named sections of the given sizes (no
+    contents): what elf_text_bytes reads of a cubin."""
+    import struct
+
+    names = b"\0" + b"".join(n.encode() + b"\0" for n, _ in sections) + b".shstrtab\0"
+    offs, k = [], 1
+    for n, _ in sections:
+        offs.append(k)
+        k += len(n) + 1
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"
+    shoff = 64 + len(names)
+    shdrs = [struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+    shdrs += [struct.pack("<IIQQQQIIQQ", o, 1, 6, 0, 0, size, 0, 0, 16, 0) for o, (_, size) in zip(offs, sections)]
+    shdrs.append(struct.pack("<IIQQQQIIQQ", k, 3, 0, 0, 64, len(names), 0, 0, 1, 0))
+    struct.pack_into("<Q", head, 0x28, shoff)
+    struct.pack_into("<HHH", head, 0x3A, 64, len(shdrs), len(shdrs) - 1)
+    return bytes(head) + names + b"".join(shdrs)
+
+
+def test_elf_text_bytes_sums_the_code_sections():
+    elf = _elf([(".text.amk_megakernel", 4096), (".nv.info", 100), (".text.amk_flat_runs", 256), (".rodata", 8)])
+    assert compile_check.elf_text_bytes(elf) == 4096 + 256
+    with pytest.raises(ValueError):
+        compile_check.elf_text_bytes(b"not an elf at all")
+
+
 def test_knob_defines_follow_the_program():
     from vm_cases import lowered
 

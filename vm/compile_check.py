@@ -59,6 +59,41 @@ def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None
     return not bad, f"$ {' '.join(cmd)}\n{output}"
 
 
+def elf_text_bytes(data: bytes) -> int:
+    """Bytes of machine code in an ELF64 little-endian object (a cubin): the sizes of its
+    `.text*` sections summed (the kernel and the device functions kept out of line)."""
+    import struct
+
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a little-endian ELF64 object")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQ", data, shoff + k * shentsize) for k in range(shnum)]
+    names_at = sections[shstrndx][4]
+
+    def name(off: int) -> str:
+        end = data.index(b"\0", names_at + off)
+        return data[names_at + off:end].decode()
+
+    return sum(sec[5] for sec in sections if name(sec[0]).startswith(".text"))
+
+
+def nvcc_code_bytes(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> int:
+    """Machine-code bytes of the megakernel for `arch` (nvcc -cubin): what the instruction
+    caches hold. Code that the latency-bound phases run once per task is fetched anew each
+    time, so its size costs time (eval/PERF_NOTES.md item 76)."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "megakernel.cubin"
+        cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(nvcc, arch, out, threads, defines)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+        return elf_text_bytes(out.read_bytes())
+
+
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
@@ -95,6 +130,8 @@ def main(argv: list[str]) -> int:
                     help="the every-dtype build, or one the loader makes for a program's dtypes")
     ap.add_argument("-D", "--define", action="append", default=[], metavar="AMK_NAME=INT",
                     help="an extra integer define (as $AMK_VM_DEFINES gives the loader's builds)")
+    ap.add_argument("--code-size", action="store_true",
+                    help="also print each build's machine-code bytes (nvcc -cubin; the instruction-cache footprint)")
     a = ap.parse_args(argv)
     bad = [x for x in a.archs if not x.removeprefix("sm_").isdigit()]
     bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
@@ -104,7 +141,11 @@ def main(argv: list[str]) -> int:
     defines = {**SPECIALIZED.get(a.build, {}), **{k: int(v) for k, _, v in (d.partition("=") for d in a.define)}}
     archs = [int(x.removeprefix("sm_")) for x in a.archs] or list(ARCHS)
     tag = "" if a.build == "generic" and not a.define else f" {a.build} {' '.join(a.define)}".rstrip()
-    return report((f"sm_{arch}{tag}", *nvcc_compile(arch, defines=defines)) for arch in archs)
+    status = report((f"sm_{arch}{tag}", *nvcc_compile(arch, defines=defines)) for arch in archs)
+    if a.code_size:
+        for arch in archs:
+            print(f"sm_{arch}{tag}: {nvcc_code_bytes(arch, defines=defines):,} bytes of code")
+    return status
 
 
 if __name__ == "__main__":
