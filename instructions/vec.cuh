@@ -167,6 +167,9 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
 #ifndef AMK_STAGE_UNROLL
 #define AMK_STAGE_UNROLL 4
 #endif
+#ifndef AMK_STAGE_ELEM_UNROLL
+#define AMK_STAGE_ELEM_UNROLL (4 * AMK_STAGE_UNROLL)  // element loads a batch (experiment: PERF_NOTES item 80)
+#endif
 
 template <int DT, class F>
 AMK_DEVICE int amk_for_elems_vec(const char* base, int n, F& f, int tid, int T) {
@@ -211,7 +214,7 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
       else done = amk_for_elems_vec_if<AMK_DTYPE_F16>(base, n, f, tid, T);
     }
   }
-  constexpr int U = 4 * AMK_STAGE_UNROLL;
+  constexpr int U = AMK_STAGE_ELEM_UNROLL;
 #pragma unroll 1
   for (int i0 = done + tid; i0 < n; i0 += T * U) {
     float v[U];
