@@ -69,7 +69,7 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
 # Machine-code bytes of the H100's bf16 build: the latency-bound phases (prologues, epilogues,
 # attention, combine) fetch their code anew for each task, so code size costs time. Moving
 # amk_flat's divisions out of line took it from 695,040 to 487,168 B and the SmolLM2 shape
-# -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 76); the budget catches a regrowth.
+# -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 79); the budget catches a regrowth.
 CODE_BUDGET_SM90_BF16 = 520_000
 
 
@@ -222,6 +222,10 @@ def test_device_constants_mirror_headers():
     arch = (VM_DIR / "arch_cuda.h").read_text()
     assert int(re.search(r"#define AMK_WARP_SIZE (\d+)", arch).group(1)) == loader.WARP
     assert int(re.search(r"AMK_ST_WORDS = (\d+)", TABLES_H).group(1)) == loader.STATUS_WORDS
+    common = (INS_DIR / "common.cuh").read_text()
+    cols = int(re.search(r"#define AMK_TRACE_COLS (\d+)", common).group(1))
+    assert cols == loader.TRACE_COLS
+    assert int(re.search(r"#define AMK_TRACE_BODY_DONE (\d+)", common).group(1)) == cols - 1  # trace_step reads it last
 
 
 def test_every_opspec_role_has_a_device_slot():

@@ -81,7 +81,7 @@ def elf_text_bytes(data: bytes) -> int:
 def nvcc_code_bytes(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> int:
     """Machine-code bytes of the megakernel for `arch` (nvcc -cubin): what the instruction
     caches hold. Code that the latency-bound phases run once per task is fetched anew each
-    time, so its size costs time (eval/PERF_NOTES.md item 76)."""
+    time, so its size costs time (eval/PERF_NOTES.md items 78-79)."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found")

@@ -397,8 +397,9 @@ class CudaVM:
         `trace`: build with -DAMK_TRACE and record per task the globaltimer (ns) at wait
         start, wait met and op done, then up to 3 phase marks inside the op (GEMV: prologue
         done, rows done; attention partial: q staged, scores done, P.V done; combine: (m, l)
-        staged, weights done; argmax: thread 0's scan done, warps' bests in; 0 = none);
-        `trace()` returns the last step's [ntasks, 7] table.
+        staged, weights done; argmax: thread 0's scan done, warps' bests in; 0 = none), then
+        body done (before the counter release); `trace()` returns the last step's [ntasks, 7]
+        table.
         `specialize`: compile only the dtype code paths the program uses (a smaller kernel,
         so fewer instruction-cache misses; one build per dtype combination) instead of the
         generic kernel that runs any program."""
