@@ -26,6 +26,11 @@ import numpy as np
 import torch
 
 
+# The trace table's columns (instructions/common.cuh): wait start, wait met, op done, three
+# phase marks, then body done (AMK_TRACE_BODY_DONE; older traces stop before it).
+BODY_DONE_COL = 6
+
+
 def task_kind(t) -> str:
     op = str(getattr(t.op, "value", t.op))
     name = re.sub(r"\d+", "#", t.name or "")
@@ -39,9 +44,9 @@ def analyse(program, tr: np.ndarray) -> dict:
     t0 = int(raw[:, 0].min())
     tr = raw - t0
     ws, wm, dn = tr[:, 0], tr[:, 1], tr[:, 2]
-    marks = [np.where(raw[:, c] > 0, tr[:, c], -1) for c in range(3, min(6, raw.shape[1]))]  # -1: not marked
-    # column 6 (body done, before the counter release) where the trace has it
-    body = np.where(raw[:, 6] > 0, tr[:, 6], -1) if raw.shape[1] > 6 else None
+    marks = [np.where(raw[:, c] > 0, tr[:, c], -1) for c in range(3, min(BODY_DONE_COL, raw.shape[1]))]  # -1: none
+    # body done (before the counter release), where the trace has the column
+    body = np.where(raw[:, BODY_DONE_COL] > 0, tr[:, BODY_DONE_COL], -1) if raw.shape[1] > BODY_DONE_COL else None
     producers = defaultdict(list)
     for i, t in enumerate(tasks):
         producers[t.out_counter].append(i)

@@ -198,7 +198,7 @@ AMK_DEVICE bool amk_prefetch_runs(const char* base, long long first_byte, long l
 
 // ---------------------------------------------------------------- addressing
 // Element i of an operand of several runs, out of line: inlined at every element access, its
-// divisions were 30 % of the sm_90 bf16 kernel's instructions (nvdisasm --print-line-info: 43,440 ->
+// divisions were 30 % of the sm_90 bf16 kernel's instructions (compile_check --by-source: 43,440 ->
 // 30,448 without them), crowding the instruction cache of the latency-bound phases (PERF_NOTES
 // items 78-79: the 1B -0.8 %, the SmolLM2 shape -3.5 %).
 AMK_DEVICE_NOINLINE amk_i64 amk_flat_runs(amk_i64 off, amk_i64 stride, int len, amk_i64 i) {

@@ -108,6 +108,34 @@ def test_elf_text_bytes_sums_the_code_sections():
         compile_check.elf_text_bytes(b"not an elf at all")
 
 
+def test_instructions_by_source_groups_by_enclosing_function():
+    src = "\n".join([
+        "#pragma once",                                                    # 1
+        "AMK_DEVICE float amk_a(int i) {",                                 # 2
+        "  return i;",                                                     # 3
+        "}",                                                               # 4
+        "template <int DT>",                                               # 5
+        "AMK_DEVICE_NOINLINE amk_i64 amk_b(const AmkOperand& o) {",        # 6
+        "  return o.off;",                                                 # 7
+        "}",                                                               # 8
+        "struct AmkC {",                                                   # 9
+        "  AMK_DEVICE void run() const {}",                                # 10
+    ])
+    assert compile_check.enclosing_functions(src)[:9] == ["?", "amk_a", "amk_a", "amk_a", "amk_a", "amk_b", "amk_b",
+                                                          "amk_b", "AmkC"]
+    disasm = "\n".join([
+        '\t//## File "/x/instructions/common.cuh", line 3',
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   IADD3 R2, R1, 0x1, RZ ;",
+        '\t//## File "/x/instructions/common.cuh", line 7',
+        "        /*0020*/                   LDS R3, [R2] ;",
+        '\t//## File "/usr/include/other.hpp", line 40',
+        "        /*0030*/                   RET.REL.NODEC R20 0x0 ;",
+    ])
+    counts = compile_check.instructions_by_source(disasm, {"common.cuh": src})
+    assert counts == {("common.cuh", "amk_a"): 2, ("common.cuh", "amk_b"): 1, ("other.hpp", "?"): 1}
+
+
 def test_knob_defines_follow_the_program():
     from vm_cases import lowered
 
@@ -225,7 +253,9 @@ def test_device_constants_mirror_headers():
     common = (INS_DIR / "common.cuh").read_text()
     cols = int(re.search(r"#define AMK_TRACE_COLS (\d+)", common).group(1))
     assert cols == loader.TRACE_COLS
-    assert int(re.search(r"#define AMK_TRACE_BODY_DONE (\d+)", common).group(1)) == cols - 1  # trace_step reads it last
+    from amk.eval.trace_step import BODY_DONE_COL
+
+    assert int(re.search(r"#define AMK_TRACE_BODY_DONE (\d+)", common).group(1)) == BODY_DONE_COL == cols - 1
 
 
 def test_every_opspec_role_has_a_device_slot():

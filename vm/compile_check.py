@@ -3,6 +3,8 @@
     python -m amk.vm.compile_check            # sm_80, sm_90, sm_120
     python -m amk.vm.compile_check 90         # one arch
     python -m amk.vm.compile_check 90 --build int4 -D AMK_ATTN_PV_WIDE=1   # a loader build, a define
+    python -m amk.vm.compile_check 90 --build bf16 --code-size --by-source 20 [--sources DIR]
+                                              # code bytes, and which functions make them up
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
 block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
@@ -11,6 +13,7 @@ eval/PERF_NOTES.md gives). tests/test_vm_compile.py runs the same check.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -36,23 +39,26 @@ def nvcc_path() -> str | None:
     return str(default) if default.exists() else None
 
 
-def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> list[str]:
+def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS, defines: dict | None = None,
+                 root: Path | None = None) -> list[str]:
+    """root: another source tree (its vm/ and instructions/), e.g. an older commit's export."""
     from amk.vm.build import MAIN_SOURCE, source_dirs
 
-    vm_dir, ins_dir = source_dirs()
+    vm_dir, ins_dir = (Path(root) / "vm", Path(root) / "instructions") if root else source_dirs()
     return [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}",
             *(f"-D{k}={v}" for k, v in (defines or {}).items()),
             "-Werror", "all-warnings", "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall,-Wextra",
             f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
 
 
-def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> tuple[bool, str]:
+def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
+                 root: Path | None = None) -> tuple[bool, str]:
     """(ok, compiler output). ok is False on an error or on any warning line."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads, defines)
+        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads, defines, root)
         proc = subprocess.run(cmd, capture_output=True, text=True)
     output = (proc.stdout + proc.stderr).strip()
     bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
@@ -78,20 +84,86 @@ def elf_text_bytes(data: bytes) -> int:
     return sum(sec[5] for sec in sections if name(sec[0]).startswith(".text"))
 
 
-def nvcc_code_bytes(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None) -> int:
-    """Machine-code bytes of the megakernel for `arch` (nvcc -cubin): what the instruction
-    caches hold. Code that the latency-bound phases run once per task is fetched anew each
-    time, so its size costs time (eval/PERF_NOTES.md items 78-79)."""
+def _cubin(arch: int, threads: int, defines: dict | None, root: Path | None, tmp: str, lineinfo: bool = False) -> Path:
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found")
+    out = Path(tmp) / "megakernel.cubin"
+    cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(nvcc, arch, out, threads, defines, root)]
+    if lineinfo:
+        cmd.insert(2, "-lineinfo")  # source lines only: the same SASS
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+    return out
+
+
+def nvcc_code_bytes(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
+                    root: Path | None = None) -> int:
+    """Machine-code bytes of the megakernel for `arch` (nvcc -cubin): what the instruction
+    caches hold. Code that the latency-bound phases run once per task is fetched anew each
+    time, so its size costs time (eval/PERF_NOTES.md items 78-79)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "megakernel.cubin"
-        cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(nvcc, arch, out, threads, defines)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
-        return elf_text_bytes(out.read_bytes())
+        return elf_text_bytes(_cubin(arch, threads, defines, root, tmp).read_bytes())
+
+
+# a function's first line in the device sources: AMK_DEVICE[_NOINLINE] ... name(, the kernel, or a struct
+_FUNC_HEAD = re.compile(r"\s*(?:template <.*>\s*)?(?:AMK_DEVICE(?:_NOINLINE)?\b[^(]*?\b(\w+)\s*\(|"
+                        r"extern \"C\" AMK_KERNEL\([^)]*\)\s*$|struct (\w+))")
+
+
+def enclosing_functions(source: str) -> list[str]:
+    """For each line of a device source (index = line number - 1), the function or struct it
+    belongs to: the nearest head at or above it ("?" before the first)."""
+    out, cur = [], "?"
+    for line in source.splitlines():
+        m = _FUNC_HEAD.match(line)
+        if m:
+            cur = m.group(1) or m.group(2) or "amk_megakernel"
+        out.append(cur)
+    return out
+
+
+def instructions_by_source(disasm: str, sources: dict[str, str]) -> dict[tuple[str, str], int]:
+    """Instruction counts per (file, enclosing function) from `nvdisasm --print-line-info`
+    output; `sources` maps a file name to its text (files not in it count under their name)."""
+    funcs = {name: enclosing_functions(text) for name, text in sources.items()}
+    counts: dict[tuple[str, str], int] = {}
+    where = None
+    for line in disasm.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if m:
+            name, n = Path(m.group(1)).name, int(m.group(2))
+            f = funcs.get(name)
+            where = (name, f[n - 1] if f and 0 < n <= len(f) else "?")
+        elif where and re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+\S", line):
+            counts[where] = counts.get(where, 0) + 1
+    return counts
+
+
+def nvdisasm_path() -> str | None:
+    found = shutil.which("nvdisasm")
+    nvcc = nvcc_path()
+    beside = Path(nvcc).parent / "nvdisasm" if nvcc else None
+    return found or (str(beside) if beside and beside.exists() else None)
+
+
+def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
+                   root: Path | None = None) -> dict[tuple[str, str], int]:
+    """Instructions of the megakernel per (source file, function): what makes the code large
+    (nvcc -cubin -lineinfo, then nvdisasm --print-line-info)."""
+    from amk.vm.build import source_dirs
+
+    tool = nvdisasm_path()
+    if tool is None:
+        raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm on PATH)")
+    dirs = (Path(root) / "vm", Path(root) / "instructions") if root else source_dirs()
+    sources = {f.name: f.read_text() for d in dirs for f in sorted(d.iterdir()) if f.suffix in (".cu", ".cuh", ".h")}
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)
+        disasm = subprocess.run([tool, "--print-line-info", "-c", str(cubin)], capture_output=True, text=True,
+                                check=True).stdout
+    return instructions_by_source(disasm, sources)
 
 
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -132,6 +204,11 @@ def main(argv: list[str]) -> int:
                     help="an extra integer define (as $AMK_VM_DEFINES gives the loader's builds)")
     ap.add_argument("--code-size", action="store_true",
                     help="also print each build's machine-code bytes (nvcc -cubin; the instruction-cache footprint)")
+    ap.add_argument("--by-source", type=int, default=0, metavar="N",
+                    help="also print the N (file, function) pairs with the most instructions (needs nvdisasm)")
+    ap.add_argument("--sources", default=None, metavar="DIR",
+                    help="check and measure the tree at DIR (its vm/ and instructions/) instead of this one, "
+                         "e.g. an older commit's `git archive`")
     a = ap.parse_args(argv)
     bad = [x for x in a.archs if not x.removeprefix("sm_").isdigit()]
     bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
@@ -141,10 +218,16 @@ def main(argv: list[str]) -> int:
     defines = {**SPECIALIZED.get(a.build, {}), **{k: int(v) for k, _, v in (d.partition("=") for d in a.define)}}
     archs = [int(x.removeprefix("sm_")) for x in a.archs] or list(ARCHS)
     tag = "" if a.build == "generic" and not a.define else f" {a.build} {' '.join(a.define)}".rstrip()
-    status = report((f"sm_{arch}{tag}", *nvcc_compile(arch, defines=defines)) for arch in archs)
-    if a.code_size:
-        for arch in archs:
-            print(f"sm_{arch}{tag}: {nvcc_code_bytes(arch, defines=defines):,} bytes of code")
+    check = functools.partial(nvcc_compile, root=a.sources) if a.sources else nvcc_compile
+    status = report((f"sm_{arch}{tag}", *check(arch, defines=defines)) for arch in archs)
+    for arch in archs if a.code_size else ():
+        print(f"sm_{arch}{tag}: {nvcc_code_bytes(arch, defines=defines, root=a.sources):,} bytes of code")
+    for arch in archs if a.by_source else ():
+        counts = code_by_source(arch, defines=defines, root=a.sources)
+        total = sum(counts.values())
+        print(f"sm_{arch}{tag}: {total:,} instructions; the largest (file: function):")
+        for (f, fn), n in sorted(counts.items(), key=lambda kv: -kv[1])[:a.by_source]:
+            print(f"  {n:7,}  {n / total * 100:5.1f} %  {f}: {fn}")
     return status
 
 

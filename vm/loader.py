@@ -213,9 +213,10 @@ def gemv_x_words(k: int, wdtype: DType) -> int:
     return k + ((k >> shift) * 4 if shift else 0)
 
 
-def smem_words(p, threads: int, kv_capacity: int, wdtype: DType = DType.F32) -> int:
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
-    (wdtype: a GEMV's weight dtype)."""
+    (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
+    a caller that forgot it would size a quantized GEMV's padded x too small)."""
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
