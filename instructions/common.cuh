@@ -18,6 +18,24 @@
 #endif
 #define AMK_WITH_DTYPE(dt) ((((AMK_DTYPES) >> (dt)) & 1) != 0)
 #define AMK_WITH_GEMV_WDTYPE(dt) ((((AMK_GEMV_WDTYPES) >> (dt)) & 1) != 0)
+// The same for the ops and the GEMV / REDUCE epilogues: bit k of AMK_OPS = op code k (AmkOp),
+// bit e of AMK_EPILOGUES = epilogue e (AmkEpilogue); AMK_EPI_BIAS / AMK_EPI_HEAD_NORM 0 = no
+// epilogue of the program adds a bias / normalizes heads. A program of only the fused ops
+// needs 70 % of the code of all of them (PERF_NOTES item 81). Default: everything.
+#ifndef AMK_OPS
+#define AMK_OPS 0xfff
+#endif
+#ifndef AMK_EPILOGUES
+#define AMK_EPILOGUES 0x3f
+#endif
+#ifndef AMK_EPI_BIAS
+#define AMK_EPI_BIAS 1
+#endif
+#ifndef AMK_EPI_HEAD_NORM
+#define AMK_EPI_HEAD_NORM 1
+#endif
+#define AMK_WITH_OP(op) ((((AMK_OPS) >> (op)) & 1) != 0)
+#define AMK_WITH_EPILOGUE(e) ((((AMK_EPILOGUES) >> (e)) & 1) != 0)
 
 // What every op function receives. `t` and `smem` are in shared memory.
 struct AmkCtx {
@@ -82,8 +100,12 @@ AMK_DEVICE int amk_dtype_bits(int dt) {
 
 // A 16-bit float of dtype dt (BF16, else F16) as fp32: the one runtime-dtype conversion the
 // ops share (KV rows, quantization scales); typed code uses amk_load_as / AmkWFmt.
+// A build without one of the two formats (AMK_DTYPES) compiles only the other: a buffer of a
+// dtype left out cannot reach here (the loader compiles in every dtype of the program).
 AMK_DEVICE float amk_half_to_f32(int dt, unsigned short h) {
-  return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_bf16_to_f32(h);
+  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_f16_to_f32(h);
+  else return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
 }
 
 // Element i of a buffer as fp32. Cases for dtypes this build does not compile are left out

@@ -26,7 +26,7 @@ AMK_DEVICE AmkEpiStage amk_epi_stage_of(const AmkTask& t) {
   const bool rope = ep == AMK_EPILOGUE_ROPE || ep == AMK_EPILOGUE_ROPE_APPEND;
   AmkEpiStage s;
   s.n_res = ep == AMK_EPILOGUE_ADD ? rows : 0;
-  s.n_bias = t.ip[AMK_P_HAS_BIAS] != 0 ? rows : 0;
+  s.n_bias = AMK_EPI_BIAS && t.ip[AMK_P_HAS_BIAS] != 0 ? rows : 0;
   s.n_freq = rope ? t.ip[AMK_P_HEAD_DIM] / 2 : 0;
   s.has_pos = rope || ep == AMK_EPILOGUE_APPEND ? 1 : 0;
   return s;
@@ -55,15 +55,19 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
     pos = staged ? __float_as_int(staged[es.values()]) : amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
     if (!amk_check_pos(c, pos)) return;
   }
-  const bool has_bias = t.ip[AMK_P_HAS_BIAS] != 0;
+  const bool has_bias = AMK_EPI_BIAS && t.ip[AMK_P_HAS_BIAS] != 0;
   const AmkOperand* bias = has_bias ? &amk_in(c, AMK_ROLE_BIAS) : nullptr;
   const float* bias_s = staged ? staged + es.n_res : nullptr;
   auto bias_at = [&](amk_i64 i) { return bias_s ? bias_s[i] : amk_in_at(c, *bias, i); };
   const int dt = yb.dtype;
-  switch (ep) {
+  const bool compiled = ep >= 0 && ep < 32 && AMK_WITH_EPILOGUE(ep);  // else reported as unknown below
+  switch (compiled ? ep : -1) {
     case AMK_EPILOGUE_STORE:
     case AMK_EPILOGUE_ADD:
     case AMK_EPILOGUE_APPEND: {
+      if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_STORE) && !AMK_WITH_EPILOGUE(AMK_EPILOGUE_ADD) &&
+                    !AMK_WITH_EPILOGUE(AMK_EPILOGUE_APPEND))
+        break;
       const AmkOperand* res = ep == AMK_EPILOGUE_ADD ? &amk_in(c, AMK_ROLE_RESIDUAL) : nullptr;
       for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float a = acc[r];
@@ -75,19 +79,21 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
       break;
     }
     case AMK_EPILOGUE_SILU_MUL:
+      if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_SILU_MUL)) break;
       for (int r = threadIdx.x; r < rows; r += blockDim.x)
         amk_store(yb, amk_flat(y, r),
                   amk_mul(amk_round(dt, amk_silu(amk_round(dt, acc[2 * r]))), amk_round(dt, acc[2 * r + 1])));
       break;
     case AMK_EPILOGUE_ROPE:
     case AMK_EPILOGUE_ROPE_APPEND: {
+      if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_ROPE) && !AMK_WITH_EPILOGUE(AMK_EPILOGUE_ROPE_APPEND)) break;
       const int hd = t.ip[AMK_P_HEAD_DIM];
       const int heads = hd > 0 ? rows / hd : 0;
       if (heads * hd != rows || (hd & 1)) {
         if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, rows, hd);
         return;
       }
-      const bool head_norm = t.ip[AMK_P_HAS_HEAD_NORM] != 0;
+      const bool head_norm = AMK_EPI_HEAD_NORM && t.ip[AMK_P_HAS_HEAD_NORM] != 0;
       for (int h = amk_warp(); h < heads; h += amk_nwarps()) {
         float* head = acc + h * hd;
         for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) {

@@ -12,22 +12,31 @@
 #include "elementwise.cuh"
 #include "argmax.cuh"
 
+// An op this build leaves out (AMK_OPS, common.cuh) reports AMK_ERR_BAD_OP like an unknown one.
+#define AMK_OP_CASE(op, fn)                \
+  case op:                                 \
+    if constexpr (AMK_WITH_OP(op)) {       \
+      fn(c);                               \
+      return;                              \
+    }                                      \
+    break;
+
 // Run one task; all threads of the block; the task record is in shared memory.
 AMK_DEVICE void amk_dispatch(const AmkCtx& c) {
   switch (c.t->op) {
-    case AMK_OP_EMBED: amk_op_embed(c); break;
-    case AMK_OP_RMSNORM: amk_op_rmsnorm(c); break;
-    case AMK_OP_GEMV: amk_op_gemv(c); break;
-    case AMK_OP_REDUCE: amk_op_reduce(c); break;
-    case AMK_OP_ROPE: amk_op_rope(c); break;
-    case AMK_OP_KV_APPEND: amk_op_kv_append(c); break;
-    case AMK_OP_ATTN_PARTIAL: amk_op_attn_partial(c); break;
-    case AMK_OP_ATTN_COMBINE: amk_op_attn_combine(c); break;
-    case AMK_OP_SILU_MUL: amk_op_silu_mul(c); break;
-    case AMK_OP_ADD: amk_op_add(c); break;
-    case AMK_OP_ARGMAX: amk_op_argmax(c); break;
-    case AMK_OP_HEAD_NORM: amk_op_head_norm(c); break;
-    default:
-      if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, c.t->op);
+    AMK_OP_CASE(AMK_OP_EMBED, amk_op_embed)
+    AMK_OP_CASE(AMK_OP_RMSNORM, amk_op_rmsnorm)
+    AMK_OP_CASE(AMK_OP_GEMV, amk_op_gemv)
+    AMK_OP_CASE(AMK_OP_REDUCE, amk_op_reduce)
+    AMK_OP_CASE(AMK_OP_ROPE, amk_op_rope)
+    AMK_OP_CASE(AMK_OP_KV_APPEND, amk_op_kv_append)
+    AMK_OP_CASE(AMK_OP_ATTN_PARTIAL, amk_op_attn_partial)
+    AMK_OP_CASE(AMK_OP_ATTN_COMBINE, amk_op_attn_combine)
+    AMK_OP_CASE(AMK_OP_SILU_MUL, amk_op_silu_mul)
+    AMK_OP_CASE(AMK_OP_ADD, amk_op_add)
+    AMK_OP_CASE(AMK_OP_ARGMAX, amk_op_argmax)
+    AMK_OP_CASE(AMK_OP_HEAD_NORM, amk_op_head_norm)
+    default: break;
   }
+  if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, c.t->op);
 }

@@ -12,8 +12,8 @@ import zlib
 import pytest
 import torch
 
-from amk.schedule.ir import BufferKind, DType, Op, Scope
-from amk.vm.loader import VMHangError, epilogue_staged_words, knob_defines
+from amk.schedule.ir import BufferKind, DType, Epilogue, Op, Scope
+from amk.vm.loader import PackedProgram, VMError, VMHangError, epilogue_staged_words, knob_defines
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -172,6 +172,34 @@ def test_lowered_model_unpack_strategies(emu, quant):
         _, vm = run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
         outs[unpack] = {name: vm.read_buffer(name) for name in ("logits", "x")}
     assert (quant == "int8") == all(torch.equal(outs[1][n], outs[2][n]) for n in outs[1])
+
+
+@pytest.mark.parametrize("model,cfg", [("llama-gqa-tied", {}), ("qwen2-bias", dict(split_k=2)),
+                                       ("qwen3-qknorm", dict(fuse_norm=False, fuse_silu_mul=False))])
+def test_lowered_model_specialized_build(tmp_path, model, cfg):
+    """The build with only the program's dtypes, ops and epilogue features compiled in (what the
+    CudaVM compiles: PackedProgram.defines), against the ReferenceVM: bias, head norm, split-K
+    REDUCE and the unfused ops each reach a build that compiles them."""
+    prog, t = lowered(model, max_queues=4, threads_per_block=64, **cfg)
+    defines = PackedProgram(prog).defines
+    assert defines["AMK_OPS"] != 0xFFF
+    lib = build(tmp_path, {**defines, **knob_defines(prog)})
+    run_both(lambda p, tt: EmuVM(p, tt, lib), prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+@pytest.mark.parametrize("left_out", ["op", "epilogue"])
+def test_build_without_an_op_of_the_program_reports_it(tmp_path, left_out):
+    """A task whose op (or GEMV epilogue) the build left out reports AMK_ERR_BAD_OP rather
+    than doing nothing."""
+    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64)
+    defines = dict(PackedProgram(prog).defines)
+    if left_out == "op":
+        defines["AMK_OPS"] &= ~(1 << int(Op.ATTN_COMBINE))
+    else:
+        defines["AMK_EPILOGUES"] &= ~(1 << int(Epilogue.SILU_MUL))
+    vm = EmuVM(prog, t, build(tmp_path, {**defines, **knob_defines(prog)}))
+    with pytest.raises(VMError, match="bad op or epilogue code"):
+        vm.run_step(PROMPT[0], 0)
 
 
 def test_lowered_model_epilogue_operands_beyond_one_per_thread(emu):

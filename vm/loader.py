@@ -300,7 +300,7 @@ class PackedProgram:
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
-                        "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes)}
+                        "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -320,6 +320,21 @@ class PackedProgram:
 
 
 # ---------------------------------------------------------------------- the VM
+def _op_defines(program: Program) -> dict[str, int]:
+    """The ops and GEMV / REDUCE epilogue features the program uses (AMK_OPS, AMK_EPILOGUES,
+    AMK_EPI_BIAS, AMK_EPI_HEAD_NORM of instructions/common.cuh): the rest is not compiled."""
+    ops = epilogues = 0
+    bias = head_norm = False
+    for t in program.tasks:
+        p = t.params
+        ops |= 1 << int(p.op)
+        if p.op in (Op.GEMV, Op.REDUCE):
+            epilogues |= 1 << int(p.epilogue)
+            bias |= p.has_bias
+            head_norm |= p.head_norm_eps is not None
+    return {"AMK_OPS": ops, "AMK_EPILOGUES": epilogues, "AMK_EPI_BIAS": int(bias), "AMK_EPI_HEAD_NORM": int(head_norm)}
+
+
 def _dtype_mask(dtypes) -> int:
     """Bit d set for every AmkDType code d among `dtypes` (at least one bit: 0 is F32)."""
     mask = 0
