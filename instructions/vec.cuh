@@ -162,13 +162,16 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
 // latency per element, because the compiler cannot prove the store and the next load
 // disjoint (measured: a K = 8192 GEMV prologue of 32 such round trips per thread). One
 // contiguous, 16-byte aligned float run takes 16-byte loads, AMK_STAGE_UNROLL per batch;
-// everything else (tails, strided operands, integer dtypes) element loads, 4x as many per
+// everything else (tails, strided operands, integer dtypes) element loads, AMK_STAGE_ELEM_UNROLL per
 // batch. The element -> thread mapping is fixed, so sums over f stay deterministic.
 #ifndef AMK_STAGE_UNROLL
 #define AMK_STAGE_UNROLL 4
 #endif
+// Element loads a batch: 4, not 16, because each is a dtype switch and an amk_flat inlined at
+// every call site, and the code cost more than the loads in flight gained (PERF_NOTES item 81:
+// 41 KB less code in the Llama build, SmolLM2 shape -1.4 %, 1B -0.5 %).
 #ifndef AMK_STAGE_ELEM_UNROLL
-#define AMK_STAGE_ELEM_UNROLL (4 * AMK_STAGE_UNROLL)  // element loads a batch (experiment: PERF_NOTES item 80)
+#define AMK_STAGE_ELEM_UNROLL 4
 #endif
 
 template <int DT, class F>
