@@ -36,11 +36,13 @@ def test_nvcc_compiles_without_warnings(arch):
 # the H100's int4 build, which spills a little (eval/PERF_NOTES.md items 22, 26, 32 and 33-35:
 # 28 / 84 B of stores / loads, 8 / 16 after the wide attention score pass, 24 / 88 with the
 # rotated x reads and the byte-permute dequantization, 28 / 100 with the epilogue operands
-# staged by the GEMV prologue (item 50: int4 1B 1595.8 -> 1589.2 us), no measurable cost); its budget catches
+# staged by the GEMV prologue (item 50: int4 1B 1595.8 -> 1589.2 us), no measurable cost; none with
+# only the program's ops compiled (item 81), 48 / 100 with F32-only split partials (item 82: a few
+# local loads and stores a task in the scheduler loop and attention, none in the GEMV rows)); its budget catches
 # growth, which any change to an op can cause (a combine change once took it to 80 / 208, a
 # finer int4 x rotation to 40 / 108). sm_80 is the tightest arch for most builds, sm_90 the
 # one the H100 runs.
-SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104)}
+SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (48, 104)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
@@ -70,8 +72,9 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
 # attention, combine) fetch their code anew for each task, so code size costs time. Moving
 # amk_flat's divisions out of line took it from 695,040 to 487,168 B and the SmolLM2 shape
 # -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 79); compiling only the program's ops and
-# epilogue features to 336,384 B (item 81). The budget catches a regrowth.
-CODE_BUDGET_SM90_BF16 = 360_000
+# epilogue features, 4 element loads a batch and F32-only split partials to 276,352 B (items
+# 81-82). The budget catches a regrowth.
+CODE_BUDGET_SM90_BF16 = 300_000
 
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4"))])
@@ -84,7 +87,7 @@ def test_compile_check_builds_are_the_loaders(build, cfg):
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)
     got = loader.PackedProgram(prog).defines
     want = compile_check.SPECIALIZED[build]
-    assert {k: got[k] for k in compile_check.LLAMA_OPS} == compile_check.LLAMA_OPS
+    assert {k: got[k] for k in compile_check.LLAMA_FEATURES} == compile_check.LLAMA_FEATURES
     assert got["AMK_DTYPES"] & want["AMK_DTYPES"] == want["AMK_DTYPES"]
     assert got["AMK_GEMV_WDTYPES"] & want["AMK_GEMV_WDTYPES"] == want["AMK_GEMV_WDTYPES"]
 
