@@ -633,11 +633,11 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  const bool ok = amk_float_dispatch<AMK_SPLIT_DTYPES>(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
 #if AMK_DIAG_TWICE
   amk_syncthreads();
   amk_trace_mark(c, 2);  // cold output loop done
-  amk_float_dispatch<AMK_SPLIT_DTYPES>(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
 #endif
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

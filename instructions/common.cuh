@@ -34,11 +34,6 @@
 #ifndef AMK_EPI_HEAD_NORM
 #define AMK_EPI_HEAD_NORM 1
 #endif
-// The dtypes of the split partials that ATTN_COMBINE and REDUCE sum (F32 scratch in every
-// lowered program): their typed loops are compiled for these only (18 KB of code: item 82).
-#ifndef AMK_SPLIT_DTYPES
-#define AMK_SPLIT_DTYPES 0x3f
-#endif
 #define AMK_WITH_OP(op) ((((AMK_OPS) >> (op)) & 1) != 0)
 #define AMK_WITH_EPILOGUE(e) ((((AMK_EPILOGUES) >> (e)) & 1) != 0)
 
@@ -149,15 +144,13 @@ AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
 // it; false otherwise. Loops that load one operand many times dispatch once, outside, instead
 // of switching per element. (A functor with a member template rather than a generic lambda:
 // NVRTC does not give generic lambdas a device execution space.)
-// MASK narrows the dtypes further (AMK_SPLIT_DTYPES for the split partials).
-template <unsigned MASK = 0x3fu, class F>
+template <class F>
 AMK_DEVICE bool amk_float_dispatch(int dt, const F& f) {
-  constexpr auto with = [](int d) { return AMK_WITH_DTYPE(d) && ((MASK >> d) & 1u) != 0; };
-  if constexpr (with(AMK_DTYPE_F32))
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32))
     if (dt == AMK_DTYPE_F32) return f.template run<AMK_DTYPE_F32>(), true;
-  if constexpr (with(AMK_DTYPE_BF16))
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16))
     if (dt == AMK_DTYPE_BF16) return f.template run<AMK_DTYPE_BF16>(), true;
-  if constexpr (with(AMK_DTYPE_F16))
+  if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16))
     if (dt == AMK_DTYPE_F16) return f.template run<AMK_DTYPE_F16>(), true;
   return false;
 }

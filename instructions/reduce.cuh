@@ -28,7 +28,7 @@ AMK_DEVICE void amk_op_reduce(const AmkCtx& c) {
   const AmkOperand& p = amk_in(c, AMK_ROLE_PARTIALS);
   const AmkBuffer& pb = amk_buf(c, p);
   const int n = t.ip[AMK_P_ROWS] * amk_row_width(t), splits = t.ip[AMK_P_SPLIT_K];
-  const bool ok = amk_float_dispatch<AMK_SPLIT_DTYPES>(pb.dtype, AmkReduceSums{pb.ptr, p, acc, n, splits});
+  const bool ok = amk_float_dispatch(pb.dtype, AmkReduceSums{pb.ptr, p, acc, n, splits});
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
     return;

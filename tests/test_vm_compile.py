@@ -37,12 +37,12 @@ def test_nvcc_compiles_without_warnings(arch):
 # 28 / 84 B of stores / loads, 8 / 16 after the wide attention score pass, 24 / 88 with the
 # rotated x reads and the byte-permute dequantization, 28 / 100 with the epilogue operands
 # staged by the GEMV prologue (item 50: int4 1B 1595.8 -> 1589.2 us), no measurable cost; none with
-# only the program's ops compiled (item 81), 48 / 100 with F32-only split partials (item 82: a few
-# local loads and stores a task in the scheduler loop and attention, none in the GEMV rows)); its budget catches
+# only the program's ops compiled (item 81), while F32-only split partials took it to 48 / 100 and
+# the int4 1B 3.5 % slower (item 82, reverted)); its budget catches
 # growth, which any change to an op can cause (a combine change once took it to 80 / 208, a
 # finer int4 x rotation to 40 / 108). sm_80 is the tightest arch for most builds, sm_90 the
 # one the H100 runs.
-SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (48, 104)}
+SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
@@ -72,9 +72,9 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
 # attention, combine) fetch their code anew for each task, so code size costs time. Moving
 # amk_flat's divisions out of line took it from 695,040 to 487,168 B and the SmolLM2 shape
 # -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 79); compiling only the program's ops and
-# epilogue features, 4 element loads a batch and F32-only split partials to 276,352 B (items
-# 81-82). The budget catches a regrowth.
-CODE_BUDGET_SM90_BF16 = 300_000
+# epilogue features and 4 element loads a batch to 294,912 B (item 81). The budget catches a
+# regrowth.
+CODE_BUDGET_SM90_BF16 = 320_000
 
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4"))])

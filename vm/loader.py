@@ -322,23 +322,17 @@ class PackedProgram:
 # ---------------------------------------------------------------------- the VM
 def _op_defines(program: Program) -> dict[str, int]:
     """The ops and GEMV / REDUCE epilogue features the program uses (AMK_OPS, AMK_EPILOGUES,
-    AMK_EPI_BIAS, AMK_EPI_HEAD_NORM of instructions/common.cuh) and the dtypes of the partials
-    its ATTN_COMBINE and REDUCE tasks sum (AMK_SPLIT_DTYPES): the rest is not compiled."""
+    AMK_EPI_BIAS, AMK_EPI_HEAD_NORM of instructions/common.cuh): the rest is not compiled."""
     ops = epilogues = 0
     bias = head_norm = False
-    split_dtypes: set[DType] = set()
-    dtype_of = {b.id: b.dtype for b in program.buffers}
     for t in program.tasks:
         p = t.params
         ops |= 1 << int(p.op)
-        if p.op in (Op.ATTN_COMBINE, Op.REDUCE):  # the partials: its first input
-            split_dtypes.add(dtype_of[t.inputs[0].buf])
         if p.op in (Op.GEMV, Op.REDUCE):
             epilogues |= 1 << int(p.epilogue)
             bias |= p.has_bias
             head_norm |= p.head_norm_eps is not None
-    return {"AMK_OPS": ops, "AMK_EPILOGUES": epilogues, "AMK_EPI_BIAS": int(bias), "AMK_EPI_HEAD_NORM": int(head_norm),
-            "AMK_SPLIT_DTYPES": _dtype_mask(split_dtypes)}
+    return {"AMK_OPS": ops, "AMK_EPILOGUES": epilogues, "AMK_EPI_BIAS": int(bias), "AMK_EPI_HEAD_NORM": int(head_norm)}
 
 
 def _dtype_mask(dtypes) -> int:
