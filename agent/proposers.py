@@ -110,7 +110,6 @@ class SearchSpace:
             Dim("gemv_tasks_per_matrix", ("auto", *slabs)),
             Dim("split_k", (1, 2, 3, 4, 6, 8, 12, 16)),
             Dim("kv_splits", ("auto", *_pow2(1, MAX_KV_SPLITS))),
-            Dim("combine_q_heads", ("auto", 2, 4, 8)),
             Dim("kv_block", tuple(_pow2(8, 1024))),
             Dim("argmax_splits", ("auto", 1, 2, 4, 8, 16, 32)),
             Dim("sm_assignment", ("lpt", "round_robin"), ordered=False),

@@ -349,9 +349,6 @@ def _contract(p, rin: list[str], rout: list[str], wbuf: Optional[ir.Buffer]) -> 
                 "ml": one(p.q_heads * 2)}
     if op == Op.ATTN_COMBINE:
         qn = p.q_heads * p.head_dim
-        if p.group_q_heads:  # one run per split (ir.AttnCombineParams)
-            return {"o": (qn, p.splits, p.group_q_heads * p.head_dim), "ml": (2 * p.q_heads, p.splits, 2 * p.group_q_heads),
-                    "y": one(qn)}
         return {"o": one(p.splits * qn), "ml": one(p.splits * p.q_heads * 2), "y": one(qn)}
     if op in (Op.SILU_MUL, Op.ADD):
         return {"gate": one(p.n), "up": one(p.n), "a": one(p.n), "b": one(p.n), "y": one(p.n)}

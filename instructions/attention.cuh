@@ -587,33 +587,18 @@ struct AmkCombineOutputs {
   int qh, hd, splits;
   template <int DT>
   AMK_DEVICE void run() const {
-    const int n = qh * hd;
+    const amk_i64 n = (amk_i64)qh * hd;
     const bool one_run_per_split = po.count <= 1 || po.len == n;
     const amk_i64 step = po.count <= 1 ? n : po.stride;
-    // splits s0 <= s < s0 + m of output i, in order
-    auto sum = [&](int i, int s0, int m) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const int h = i / hd;
-      return amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
-          m,
-          [&](int k) {
-            const int s = s0 + k;
-            return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, (amk_i64)s * n + i));
+      const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
+          splits,
+          [&](int s) {
+            return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, s * n + i));
           },
-          [&](int k, float o) { return amk_mul(wm[(s0 + k) * qh + h], o); });
-    };
-    // G lanes an output when the block has threads to spare (a combine of one q head: 64 or
-    // 128 outputs): lane g sums the g-th run of ceil(splits / G) splits, then the G partial
-    // sums add up by shuffles, so a thread waits on one batch of loads instead of
-    // ceil(splits / AMK_SPLIT_SUM_UNROLL) dependent ones (PERF_NOTES item 83).
-    int G = 1;
-    while (G < AMK_WARP_SIZE && 2 * G * n <= (int)blockDim.x && 2 * G <= splits) G <<= 1;
-    const int per = (splits + G - 1) / G;
-    for (int t0 = 0; t0 < n * G; t0 += blockDim.x) {  // block-uniform trips: the shuffles see whole warps
-      const int t = t0 + threadIdx.x, i = t / G, g = t % G;
-      const int s0 = min(g * per, splits), s1 = min(s0 + per, splits);
-      float part = i < n && s1 > s0 ? sum(i, s0, s1 - s0) : 0.0f;
-      for (int m = 1; m < G; m <<= 1) part = amk_add(part, amk_shfl_xor(part, m));
-      if (g == 0 && i < n) amk_store(yb, amk_flat(y, i), amk_div(part, den[i / hd]));
+          [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
+      amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
     }
   }
 };

@@ -22,7 +22,7 @@ SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 # Fields that take 'auto' or an int in 1..max.
 _AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS,
-                 "argmax_splits": 64, "combine_q_heads": 256}
+                 "argmax_splits": 64}
 
 
 class ScheduleConfig(BaseModel):
@@ -47,15 +47,9 @@ class ScheduleConfig(BaseModel):
     kv_splits: Union[Auto, int] = Field(
         "auto",
         description=f"Attention splits of the KV positions per KV head (1..{MAX_KV_SPLITS}); one "
-        "ATTN_PARTIAL task per (kv head, split), then ATTN_COMBINE tasks (combine_q_heads). 'auto' = "
+        "ATTN_PARTIAL task per (kv head, split), then one ATTN_COMBINE per kv head. 'auto' = "
         "floor(queues / kv_heads) (every partial on its own queue), capped by the splits the KV "
         "capacity can fill.",
-    )
-    combine_q_heads: Union[Auto, int] = Field(
-        "auto",
-        description="Query heads per ATTN_COMBINE task (of one KV head's group; more than the group "
-        "has = the whole group). Fewer heads a task spread the combine over more SMs and let a "
-        "task's threads sum its splits in parallel groups. 'auto' = 1.",
     )
     argmax_splits: Union[Auto, int] = Field(
         "auto",

@@ -372,17 +372,12 @@ class AttnCombineParams(_Frozen):
     """inputs: [o partials of KV head g (off g*splits*q_heads*head_dim, len
     splits*q_heads*head_dim), ml (off g*splits*q_heads*2, len splits*q_heads*2)];
     outputs: [o (off g*q_heads*head_dim, len q_heads*head_dim)]:
-    M = max_s m_s; o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s (empty splits add 0).
-    group_q_heads > 0: the task combines q_heads of a group of group_q_heads heads, so its
-    partials are `splits` runs, one per split, group_q_heads heads apart (o: len
-    q_heads*head_dim, stride group_q_heads*head_dim; ml: len 2*q_heads, stride
-    2*group_q_heads); 0: the whole group, one run."""
+    M = max_s m_s; o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s (empty splits add 0)."""
 
     op: Literal[Op.ATTN_COMBINE] = Op.ATTN_COMBINE
     head_dim: int
     q_heads: int
     splits: int
-    group_q_heads: int = 0
 
 
 class SiluMulParams(_Frozen):

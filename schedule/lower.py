@@ -542,21 +542,11 @@ class _Lowering:
                           head_xcd[g])
                     for g in range(g0, g1) for s in range(S)
                 ])
-            # a combine task per run [h0, h1) of a group's q heads (combine_q_heads): its partials
-            # are S runs of h1 - h0 heads (the whole group: one run)
-            ch = 1 if cfg.combine_q_heads == "auto" else min(cfg.combine_q_heads, qh)
-
-            def partials(buf: Buffer, g: int, h0: int, h1: int, width: int) -> Operand:
-                if h1 - h0 == qh:
-                    return _op(buf, g * S * qh * width, S * qh * width)
-                return _op(buf, (g * S * qh + h0) * width, (h1 - h0) * width, count=S, stride=qh * width)
-
             self.group(f"{t}.attn_combine", [
-                _Spec(f"{t}.attn_combine[g{g}]" + (f".h{h0}" if ch < qh else ""),
-                      AttnCombineParams(head_dim=d, q_heads=h1 - h0, splits=S, group_q_heads=0 if h1 - h0 == qh else qh),
-                      [partials(o_part, g, h0, h1, d), partials(ml, g, h0, h1, 2)],
-                      [_op(attn, (g * qh + h0) * d, (h1 - h0) * d)], head_xcd[g])
-                for g in range(nkv) for h0, h1 in tiles(qh, -(-qh // ch))
+                _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
+                      [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
+                      [_op(attn, g * qh * d, qh * d)], head_xcd[g])
+                for g in range(nkv)
             ])
 
             # ---- o-proj (+ residual)

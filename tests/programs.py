@@ -316,10 +316,9 @@ def gemv_program(c: GemvCase, seed: int = 0):
 
 def attention_program(*, heads: int = 4, kv_heads: int = 2, head_dim: int = 8, splits: int = 3, block: int = 2,
                       capacity: int = 16, vocab: int = 8, qk_norm: bool = False, eps: float = 1e-6,
-                      queues: int = 4, seed: int = 0, combine_q_heads: int = 0):
+                      queues: int = 4, seed: int = 0):
     """The unfused attention path: q/k/v = *_table[token] (EMBED), [HEAD_NORM], ROPE,
-    KV_APPEND, ATTN_PARTIAL per (KV head, split), ATTN_COMBINE per KV head (or per run of
-    `combine_q_heads` of its q heads) -> `out`."""
+    KV_APPEND, ATTN_PARTIAL per (KV head, split), ATTN_COMBINE per KV head -> `out`."""
     gen = torch.Generator().manual_seed(seed)
     qh, d = heads // kv_heads, head_dim
     b = Builder("attention", queues=queues, kv_capacity=capacity)
@@ -370,17 +369,9 @@ def attention_program(*, heads: int = 4, kv_heads: int = 2, head_dim: int = 8, s
             b.task(p, ins, outs, stage=partial, after=[append, rope], name=f"attn[{g},{s}]")
     combine = b.stage("combine")
     for g in range(kv_heads):
-        if not combine_q_heads:
-            b.task(AttnCombineParams(head_dim=d, q_heads=qh, splits=splits),
-                   [opd(o_part, g * splits * qh * d, splits * qh * d), opd(ml, g * splits * qh * 2, splits * qh * 2)],
-                   [opd(out, g * qh * d, qh * d)], stage=combine, after=[partial], name=f"combine[{g}]")
-            continue
-        for h0 in range(0, qh, combine_q_heads):  # a run of the group's heads: one run of partials a split
-            nh = min(combine_q_heads, qh - h0)
-            b.task(AttnCombineParams(head_dim=d, q_heads=nh, splits=splits, group_q_heads=qh),
-                   [opd(o_part, (g * splits * qh + h0) * d, nh * d, splits, qh * d),
-                    opd(ml, (g * splits * qh + h0) * 2, nh * 2, splits, qh * 2)],
-                   [opd(out, (g * qh + h0) * d, nh * d)], stage=combine, after=[partial], name=f"combine[{g}.{h0}]")
+        b.task(AttnCombineParams(head_dim=d, q_heads=qh, splits=splits),
+               [opd(o_part, g * splits * qh * d, splits * qh * d), opd(ml, g * splits * qh * 2, splits * qh * 2)],
+               [opd(out, g * qh * d, qh * d)], stage=combine, after=[partial], name=f"combine[{g}]")
     return b.build(), tensors
 
 

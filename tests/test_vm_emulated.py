@@ -103,24 +103,6 @@ def test_attention_half_precision_kv(emu, head_dim, splits):
     close(vm.run_step(5, pos)["out"], ref.run_step(5, pos)["out"], f"bf16 KV attention, head_dim {head_dim}")
 
 
-@pytest.mark.parametrize("splits,combine_q_heads", [(5, 1), (3, 1), (5, 3)])
-def test_attention_combine_of_a_head_subset(emu, splits, combine_q_heads):
-    """ATTN_COMBINE tasks of 1 or 3 of a group's 4 q heads (group_q_heads: one run of partials a
-    split) at a position every split but the last covers (a random history of 100 rows in
-    both VMs). With one head a task (32 outputs, 256 threads) 2 or 4 lanes an output sum runs of
-    the splits and add up by shuffles (AmkCombineOutputs); 3 heads take one lane."""
-    cap, pos = 128, 100
-    prog, t = attention_program(heads=8, kv_heads=2, head_dim=32, splits=splits, block=16, capacity=cap,
-                                seed=splits, combine_q_heads=combine_q_heads)
-    ref, vm = ReferenceVM(prog, t), emu(prog, t)
-    gen = torch.Generator().manual_seed(splits)
-    for name in ("k_cache", "v_cache"):
-        hist = torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen)
-        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1))
-        vm.tensors[name].copy_(hist.reshape(-1))
-    close(vm.run_step(5, pos)["out"], ref.run_step(5, pos)["out"], f"combine of {combine_q_heads} q heads, {splits} splits")
-
-
 # (head_dim, q heads a KV head, KV dtype, splits, position): the wide P.V pass (attention.cuh,
 # amk_attn_pv_wide) at 8 warps takes 2048 / head_dim rows a round (512 | 256 | 128), so each
 # case runs more than two rounds and a ragged last one; q heads 6 and 5 leave a head block
@@ -215,21 +197,6 @@ def test_build_without_a_feature_of_the_program_reports_it(tmp_path, left_out):
     vm = EmuVM(prog, t, build(tmp_path, {**defines, **knob_defines(prog)}))
     with pytest.raises(VMError, match="bad op or epilogue code"):
         vm.run_step(PROMPT[0], 0)
-
-
-@pytest.mark.parametrize("splits,threads,groups", [(5, 256, 4), (6, 512, 4), (3, 512, 2), (1, 256, 1)])
-def test_lowered_model_combine_sums_splits_in_lane_groups(emu, splits, threads, groups):
-    """The lowering's combine of one q head (32 outputs; combine_q_heads 'auto') on blocks with
-    threads to spare, `groups` lanes an output (uneven runs of the splits, an empty one at 5
-    and 6), through a whole lowered model. Its few positions fill only the first splits:
-    test_attention_combine_of_a_head_subset checks the lane sums over filled ones."""
-    prog, t = lowered("smollm2-like", kv_splits=splits, max_queues=2, threads_per_block=threads)
-    p = next(x.params for x in prog.tasks if x.op == Op.ATTN_COMBINE)
-    n, g = p.q_heads * p.head_dim, 1
-    while g < 32 and 2 * g * n <= threads and 2 * g <= p.splits:  # the device's choice, mirrored
-        g <<= 1
-    assert (p.q_heads, p.group_q_heads, g) == (1, 3, groups)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:3])])
 
 
 def test_lowered_model_epilogue_operands_beyond_one_per_thread(emu):

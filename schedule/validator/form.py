@@ -94,13 +94,7 @@ def operand_rules(p, w_buf: Optional[ir.Buffer]):
         need(1 <= p.head_dim <= ir.MAX_HEAD_DIM and p.q_heads >= 1, "head_dim in [1, MAX_HEAD_DIM]; q_heads positive")
         need(1 <= p.splits <= ir.MAX_KV_SPLITS, "splits in [1, MAX_KV_SPLITS]")
         qn = p.q_heads * p.head_dim
-        if p.group_q_heads:  # a subset of the group's heads: one run per split
-            need(p.group_q_heads >= p.q_heads, "group_q_heads must be 0 or at least q_heads")
-            many = p.splits > 1
-            ins = [Rule(READABLE, FLOAT, length=qn, count=p.splits, stride=p.group_q_heads * p.head_dim if many else None),
-                   Rule(READABLE, FLOAT, length=2 * p.q_heads, count=p.splits, stride=2 * p.group_q_heads if many else None)]
-        else:
-            ins = [Rule(READABLE, FLOAT, length=p.splits * qn), Rule(READABLE, FLOAT, length=p.splits * p.q_heads * 2)]
+        ins = [Rule(READABLE, FLOAT, length=p.splits * qn), Rule(READABLE, FLOAT, length=p.splits * p.q_heads * 2)]
         outs = [Rule(WRITABLE, FLOAT, length=qn)]
     elif op in (Op.SILU_MUL, Op.ADD):
         need(p.n >= 1, "n must be positive")
