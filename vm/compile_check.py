@@ -26,9 +26,8 @@ DEFAULT_THREADS = 256
 # builds for one program, as vm/loader.py makes them: its dtypes (AMK_DTYPES, AMK_GEMV_WDTYPES bit
 # masks of ir.DType codes) and what a fused Llama program runs (AMK_OPS: EMBED, GEMV,
 # ATTN_PARTIAL, ATTN_COMBINE, ARGMAX; all six epilogues, no bias, no head norm; a test checks
-# these against PackedProgram.defines of a lowered Llama). Some
-# tunables (AMK_ATTN_UNROLL) take more registers there than in the everything build above, so
-# these are checked for spills too.
+# these against PackedProgram.defines of a lowered Llama). Some tunables (AMK_ATTN_UNROLL) take
+# more registers there than in the everything build above, so these are checked for spills too.
 LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0}
 SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
                "int8": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
