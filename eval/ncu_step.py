@@ -99,25 +99,9 @@ def main() -> None:
         return
     import torch
 
-    import amk.api
-    from amk.eval.shapes import random_weights_like, shape_config
-    from amk.schedule.importer import spec_from_hf_config
-    from amk.vm.loader import CudaVM
+    from amk.eval.trace_step import shape_vm
 
-    spec = spec_from_hf_config(shape_config(a.shape), name=a.shape, dtype="bfloat16")
-    weights = random_weights_like(spec, "cuda", "bfloat16", 0)
-    config = None
-    if a.config:
-        from amk.schedule.config import ScheduleConfig
-
-        config = ScheduleConfig.model_validate_json(open(a.config).read())
-    mk = amk.api.compile(loaded=(spec, weights), config=config, dtype="bfloat16", kv_capacity=a.ctx + 8)
-    vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation)
-    for pos in range(a.ctx):
-        evs = vm._launch(pos % 1000 + 1, pos)
-        if pos % 64 == 63:
-            vm._finish([evs])
-    vm._finish([evs])
+    _, vm = shape_vm(a.shape, a.ctx, a.config, 8)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     vm.run_step(7, a.ctx)

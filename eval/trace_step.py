@@ -172,6 +172,36 @@ def export_defines(defines: list[str]) -> None:
     os.environ["AMK_VM_DEFINES"] = ",".join(f"{k}={v}" for k, v in merged.items())
 
 
+def shape_vm(shape: str, ctx: int, config_path, extra_capacity: int, **vm_kwargs):
+    """(compiled model, CudaVM) of a shape-only model in bf16 with random weights on the GPU,
+    its KV cache filled by real steps at positions 0 .. ctx-1, so the next step runs at ctx:
+    what the diagnostics (this trace, eval/ncu_step.py) look at. Prints how long each took."""
+    import amk.api
+    from amk.eval.shapes import random_weights_like, shape_config
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.vm.loader import CudaVM
+
+    spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
+    weights = random_weights_like(spec, "cuda", "bfloat16", 0)
+    config = None
+    if config_path:
+        from amk.schedule.config import ScheduleConfig
+
+        config = ScheduleConfig.model_validate_json(open(config_path).read())
+    mk = amk.api.compile(loaded=(spec, weights), config=config, dtype="bfloat16", kv_capacity=ctx + extra_capacity)
+    t = time.time()
+    vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation, **vm_kwargs)
+    print(f"built the VM in {time.time() - t:.1f}s; {len(mk.program.tasks)} tasks on {len(mk.program.queues)} queues")
+    t = time.time()
+    for pos in range(ctx):
+        evs = vm._launch(pos % 1000 + 1, pos)
+        if pos % 64 == 63:
+            vm._finish([evs])
+    vm._finish([evs])
+    print(f"filled {ctx} positions in {time.time() - t:.1f}s")
+    return mk, vm
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
@@ -190,31 +220,8 @@ def main() -> None:
         return
     if a.define:
         export_defines(a.define)
-    import amk.api
-    from amk.eval.shapes import random_weights_like, shape_config
-    from amk.schedule.importer import spec_from_hf_config
-    from amk.vm.loader import CudaVM
-
     name = a.shape
-    spec = spec_from_hf_config(shape_config(name), name=name, dtype="bfloat16")
-    weights = random_weights_like(spec, "cuda", "bfloat16", 0)
-    config = None
-    if a.config:
-        from amk.schedule.config import ScheduleConfig
-
-        config = ScheduleConfig.model_validate_json(open(a.config).read())
-    mk = amk.api.compile(loaded=(spec, weights), config=config, dtype="bfloat16", kv_capacity=a.ctx + 76)
-    t = time.time()
-    vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation, trace=True,
-                prefetch_depth=a.prefetch_depth)
-    print(f"built traced VM in {time.time() - t:.1f}s; {len(mk.program.tasks)} tasks on {len(mk.program.queues)} queues")
-    t = time.time()
-    for pos in range(a.ctx):
-        evs = vm._launch(pos % 1000 + 1, pos)
-        if pos % 64 == 63:
-            vm._finish([evs])
-    vm._finish([evs])
-    print(f"filled {a.ctx} positions in {time.time() - t:.1f}s")
+    mk, vm = shape_vm(name, a.ctx, a.config, 76, trace=True, prefetch_depth=a.prefetch_depth)
     results = []
     for s in range(a.steps):
         st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -42,12 +42,26 @@ def nvcc_path() -> str | None:
     return str(default) if default.exists() else None
 
 
+def _source_dirs(root: Path | None) -> tuple[Path, Path]:
+    """(vm/, instructions/) of this tree, or of another one at root (e.g. an older commit's export)."""
+    from amk.vm.build import source_dirs
+
+    return (Path(root) / "vm", Path(root) / "instructions") if root else source_dirs()
+
+
+def _nvcc() -> str:
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found")
+    return nvcc
+
+
 def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                  root: Path | None = None) -> list[str]:
     """root: another source tree (its vm/ and instructions/), e.g. an older commit's export."""
-    from amk.vm.build import MAIN_SOURCE, source_dirs
+    from amk.vm.build import MAIN_SOURCE
 
-    vm_dir, ins_dir = (Path(root) / "vm", Path(root) / "instructions") if root else source_dirs()
+    vm_dir, ins_dir = _source_dirs(root)
     return [nvcc, "-c", "-std=c++17", f"-arch=sm_{arch}", f"-DAMK_BLOCK_THREADS={threads}",
             *(f"-D{k}={v}" for k, v in (defines or {}).items()),
             "-Werror", "all-warnings", "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall,-Wextra",
@@ -57,11 +71,8 @@ def nvcc_command(nvcc: str, arch: int, out: Path, threads: int = DEFAULT_THREADS
 def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                  root: Path | None = None) -> tuple[bool, str]:
     """(ok, compiler output). ok is False on an error or on any warning line."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise FileNotFoundError("nvcc not found")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = nvcc_command(nvcc, arch, Path(tmp) / "megakernel.o", threads, defines, root)
+        cmd = nvcc_command(_nvcc(), arch, Path(tmp) / "megakernel.o", threads, defines, root)
         proc = subprocess.run(cmd, capture_output=True, text=True)
     output = (proc.stdout + proc.stderr).strip()
     bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
@@ -88,11 +99,8 @@ def elf_text_bytes(data: bytes) -> int:
 
 
 def _cubin(arch: int, threads: int, defines: dict | None, root: Path | None, tmp: str, lineinfo: bool = False) -> Path:
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise FileNotFoundError("nvcc not found")
     out = Path(tmp) / "megakernel.cubin"
-    cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(nvcc, arch, out, threads, defines, root)]
+    cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(_nvcc(), arch, out, threads, defines, root)]
     if lineinfo:
         cmd.insert(2, "-lineinfo")  # source lines only: the same SASS
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -155,12 +163,10 @@ def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | No
                    root: Path | None = None) -> dict[tuple[str, str], int]:
     """Instructions of the megakernel per (source file, function): what makes the code large
     (nvcc -cubin -lineinfo, then nvdisasm --print-line-info)."""
-    from amk.vm.build import source_dirs
-
     tool = nvdisasm_path()
     if tool is None:
         raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm on PATH)")
-    dirs = (Path(root) / "vm", Path(root) / "instructions") if root else source_dirs()
+    dirs = _source_dirs(root)
     sources = {f.name: f.read_text() for d in dirs for f in sorted(d.iterdir()) if f.suffix in (".cu", ".cuh", ".h")}
     with tempfile.TemporaryDirectory() as tmp:
         cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)

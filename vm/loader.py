@@ -153,7 +153,7 @@ def attn_score_cap(p, kv_capacity: int) -> int:
     return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
 
 
-def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, wdtype: DType) -> None:
+def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shift: int) -> None:
     op = p.op
     if op in (Op.GEMV, Op.REDUCE):
         ip[_P("P_ROWS")], ip[_P("P_EPILOGUE")], ip[_P("P_HAS_BIAS")] = p.rows, int(p.epilogue), int(p.has_bias)
@@ -163,7 +163,7 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, wdtype: DT
         if op == Op.GEMV:
             ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
             ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
-            ip[_P("P_X_PAD")] = gemv_x_pad_shift(wdtype)
+            ip[_P("P_X_PAD")] = x_pad_shift
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -209,7 +209,10 @@ def gemv_x_pad_shift(wdtype: DType) -> int:
 
 def gemv_x_words(k: int, wdtype: DType) -> int:
     """Words of a GEMV's staged x (instructions/gemv.cuh amk_xs_words)."""
-    shift = gemv_x_pad_shift(wdtype)
+    return _x_words(k, gemv_x_pad_shift(wdtype))
+
+
+def _x_words(k: int, shift: int) -> int:
     return k + ((k >> shift) * 4 if shift else 0)
 
 
@@ -217,6 +220,10 @@ def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
     (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
     a caller that forgot it would size a quantized GEMV's padded x too small)."""
+    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype))
+
+
+def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
@@ -224,7 +231,7 @@ def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
-        return (r4(gemv_x_words(k, wdtype)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
+        return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
                 + r4(epilogue_staged_words(p)))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
@@ -264,6 +271,7 @@ class PackedProgram:
         recs = np.zeros(len(program.tasks), dtype=TASK_DTYPE)
         words = 0
         gemv_wdtypes: set[DType] = set()
+        x_pad_shift: dict[DType, int] = {}  # per weight dtype (reads $AMK_VM_DEFINES once, not per task)
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
@@ -293,8 +301,10 @@ class PackedProgram:
             for s, w in enumerate(t.waits):
                 c = self.counter_index[w.counter]
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
-            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, wdtype)
-            words = max(words, smem_words(p, threads, program.kv_capacity, wdtype))
+            if wdtype not in x_pad_shift:
+                x_pad_shift[wdtype] = gemv_x_pad_shift(wdtype)
+            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype])
+            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype]))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
