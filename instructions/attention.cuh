@@ -22,7 +22,6 @@
 // reduce-scatters the row groups instead (amk_attn_pv_wide).
 //
 // Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | mkey[QH] | wpart[nwarps*HB*hd] | cache[QH*cap]
-//   | (from a 4-word boundary) the staged K rows | the staged V rows (amk_attn_stage)
 #pragma once
 #include "common.cuh"
 #include "vec.cuh"
@@ -443,49 +442,13 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
   }
 }
 
-// On in the loader's builds (vm/loader.py attn_stage_words reserves the room) and the
-// emulator's; the every-dtype build of the compile checks leaves it out (a 12-byte spill on sm_90).
-#ifndef AMK_ATTN_STAGE
-#define AMK_ATTN_STAGE ((AMK_GEMV_WDTYPES) != 0x3f)
-#endif
-
-// The split's K and V rows staged in shared memory: right after the wait every 16-byte piece
-// of the split's rows is copied with cp.async (no registers held; K and V in two groups, so
-// the score pass waits for K only), and both passes read shared memory. One memory round trip
-// for the whole split, where reading the cache took one per round of K loads and another per
-// round of V loads. A staged row is padded by 16 bytes: the 16-byte reads of a quarter warp
-// then fall on different banks (head_dim 64: 4 rows x 2 lanes).
-AMK_DEVICE int amk_attn_stage_pitch(int hd, int bytes) { return hd * bytes / 4 + 4; }  // words a staged row takes
-AMK_DEVICE long long amk_attn_stage_words(int rows, int hd, int bytes) {
-  return 2ll * rows * amk_attn_stage_pitch(hd, bytes);
-}
-
-// Copy rows [j0, j1) of r (16-byte aligned rows: r.vec) to dst as one group; the rows as they
-// then read from shared memory (row j at dst + (j - j0) * pitch), through `staged`.
-AMK_DEVICE AmkKvRows amk_attn_stage(const AmkKvRows& r, AmkBuffer& staged, int j0, int j1, float* dst) {
-  const int pitch = amk_attn_stage_pitch(r.hd, r.bytes), pieces = r.hd * r.bytes / 16;  // per row
-  const char* src = (const char*)r.b->ptr;
-  for (int i = threadIdx.x; i < (j1 - j0) * pieces; i += blockDim.x) {
-    const int row = i / pieces, pc = i - row * pieces;
-    amk_copy16_async(dst + row * pitch + pc * 4, src + ((amk_i64)(j0 + row) * r.width + r.off) * r.bytes + pc * 16);
-  }
-  amk_copy_async_commit();
-  staged = *r.b;
-  staged.ptr = reinterpret_cast<amk_u64>(dst) - (amk_u64)j0 * pitch * 4;  // row j0 at dst
-  staged.width = pitch * 4 / r.bytes;
-  AmkKvRows s = r;
-  s.b = &staged, s.off = 0, s.width = staged.width;
-  return s;
-}
-
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
-                                      int j0, int j1, int qh, float scale, int qdt, bool staged) {
+                                      int j0, int j1, int qh, float scale, int qdt) {
   // pass 1: scores, the maximum per head, the first cap scores cached
   amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
-  if (staged) amk_copy_async_wait<0>();  // the V rows too, published by the barrier
   amk_syncthreads();
   amk_trace_mark(c, 1);  // scores and maxima done
 
@@ -580,22 +543,15 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype, vb.dtype);
     return;
   }
+  amk_syncthreads();
+
   if (kb.dtype != AMK_DTYPE_F32 && kb.dtype != AMK_DTYPE_BF16 && kb.dtype != AMK_DTYPE_F16) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype);
     return;
   }
-  const AmkKvRows kr = amk_kv_rows(kb, k, hd), vr = amk_kv_rows(vb, v, hd);
-  const long long stage_at = (amk_smem_attn_partial(t, nw) + 3) & ~3ll;
-  const bool staged = AMK_ATTN_STAGE && kr.vec && vr.vec &&
-                      stage_at + amk_attn_stage_words(j1 - j0, hd, kr.bytes) <= c.smem_words;
-  AmkBuffer ks, vs;
-  const AmkKvRows K = staged ? amk_attn_stage(kr, ks, j0, j1, qs + stage_at) : kr;
-  const AmkKvRows V = staged ? amk_attn_stage(vr, vs, j0, j1, qs + stage_at + (amk_i64)(j1 - j0) * amk_attn_stage_pitch(hd, kr.bytes)) : vr;
-  if (staged) amk_copy_async_wait<1>();  // K's group
-  amk_syncthreads();
-
-  amk_trace_mark(c, 0);  // q staged, pos read (and the K rows staged)
-  amk_attn_partial_rows(c, K, V, qs, o, mh, lh, mkey, wpart, cache, cap, j0, j1, qh, scale, qb.dtype, staged);
+  amk_trace_mark(c, 0);  // q staged, pos read
+  amk_attn_partial_rows(c, amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap,
+                        j0, j1, qh, scale, qb.dtype);
   amk_syncthreads();
   amk_trace_mark(c, 2);  // P.V done
 

@@ -25,10 +25,9 @@ from amk.vm.loader import (ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYP
 
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 # the emulator has no register limit: the wide attention score and P.V passes (instructions/attention.cuh),
-# and the staged K/V rows, which the every-dtype GPU build leaves out, are compiled in so that the tests run them
+# which the every-dtype GPU build leaves out, are compiled in so that the tests run them
 EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
-             "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1",
-             "-DAMK_ATTN_STAGE=1")
+             "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1")
 _LIBS: dict[tuple, ctypes.CDLL] = {}  # by the defines of build()
 
 
