@@ -163,6 +163,14 @@ AMK_DEVICE bool amk_attn_wide_rows(const AmkKvRows& r) {
 // Can the score pass give each lane 4 vectors (32 halves) of a K row?
 AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) { return AMK_ATTN_WIDE && amk_attn_wide_rows(K); }
 
+// Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
+// build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
+AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
+  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return AmkWFmt<AMK_DTYPE_BF16>::get(v, i);
+  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return AmkWFmt<AMK_DTYPE_F16>::get(v, i);
+  else return amk_v16_get(v, i, dt);
+}
+
 // amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row
 // (G = head_dim / 32 lanes per row: 2 at head_dim 64, one shuffle level), so a warp scores
 // 32 / G rows per load and a head's dot product is four independent chains of 8 products
@@ -171,37 +179,70 @@ AMK_DEVICE bool amk_attn_wide_ok(const AmkKvRows& K) { return AMK_ATTN_WIDE && a
 // This one: 1B ctx 8192 2110 -> 1961 us, ctx 1024 1607 -> 1587 (eval/PERF_NOTES.md items
 // 31-32). Same results contract: exact maximum keys, the first cap scores cached; the sums'
 // order differs from the split layout's (both are fp32 dots).
+// The heads go in blocks of AMK_ATTN_HB, all of a block's heads scored together for each row
+// (independent chains, q read as 16-byte vectors), and each lane keeps its largest key per
+// head in a register over all its rows: one warp reduction and one shared atomic per head and
+// pass, where a reduction and an atomic per head and row group made every head of every row
+// group one dependent chain (item 85: the score pass read K from shared memory no faster).
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
+  constexpr int HB = AMK_ATTN_HB;
   const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
 #pragma unroll 1
-  for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
-    const int j = jw + grp;
-    amk_u32x4 raw[4];
-    const char* row = base + (amk_i64)j * K.width * 2;
+  for (int hb = 0; hb < qh; hb += HB) {
+    int key[HB];  // this lane's largest key per head of the block, over its rows
 #pragma unroll
-    for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+    for (int hh = 0; hh < HB; ++hh) key[hh] = AMK_ATTN_NO_KEY;
 #pragma unroll 1
-    for (int h = 0; h < qh; ++h) {
-      const float* q = qs + h * hd + sub * 32;
-      float part[4];
+    for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
+      const int j = jw + grp;
+      amk_u32x4 raw[4];
+      const char* row = base + (amk_i64)j * K.width * 2;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        part[c] = 0.0f;
+      for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+      float t[HB];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) part[c] += q[c * 8 + i] * amk_v16_get(raw[c], i, K.dt);
+      for (int hh = 0; hh < HB; ++hh) {
+        const float4* q = (const float4*)(qs + min(hb + hh, qh - 1) * hd + sub * 32);  // 16-byte aligned: hd % 32 == 0
+        float part[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float4 qa = q[2 * c], qb = q[2 * c + 1];
+          const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+          part[c] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) part[c] += qv[i] * amk_attn_v16_half(raw[c], i, K.dt);
+        }
+        t[hh] = (part[0] + part[1]) + (part[2] + part[3]);
       }
-      float t = (part[0] + part[1]) + (part[2] + part[3]);
-      for (int m = G / 2; m > 0; m >>= 1) t += amk_shfl_xor(t, m);
-      t = amk_attn_scaled(t, scale, qdt);
-      int key = AMK_ATTN_NO_KEY;
-      if (j < jb) {
-        key = amk_order_key(t);
-        if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t;
+      for (int m = G / 2; m > 0; m >>= 1)  // the row's G lanes
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) t[hh] += amk_shfl_xor(t[hh], m);
+#pragma unroll
+      for (int hh = 0; hh < HB; ++hh) {
+        if (hb + hh >= qh) break;  // uniform
+        const float sc = amk_attn_scaled(t[hh], scale, qdt);
+        if (j < jb) {
+          const int k = amk_order_key(sc);
+          key[hh] = k > key[hh] ? k : key[hh];
+          if (sub == 0 && j - ja < cap) cache[(hb + hh) * cap + (j - ja)] = sc;
+        }
       }
-      if (mkey != nullptr) amk_attn_key_max(key, G, &mkey[h]);
+    }
+    if (mkey != nullptr) {
+      for (int m = G; m < AMK_WARP_SIZE; m <<= 1)  // over the warp's row groups
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh) {
+          const int other = amk_shfl_xor_int(key[hh], m);
+          key[hh] = other > key[hh] ? other : key[hh];
+        }
+      if (lane == 0) {
+#pragma unroll
+        for (int hh = 0; hh < HB; ++hh)
+          if (hb + hh < qh && key[hh] != AMK_ATTN_NO_KEY) atomicMax(&mkey[hb + hh], key[hh]);
+      }
     }
   }
 }
@@ -285,14 +326,6 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 #ifndef AMK_ATTN_PV_ROWS
 #define AMK_ATTN_PV_ROWS 8  // rows a lane has in flight per round of the wide P.V pass
 #endif
-
-// Element i of a 16-byte vector of BF16 or F16 values (dt), with only the conversions this
-// build compiles in (AMK_DTYPES: the loader's builds have one of the two, the emulator both).
-AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
-  if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F16)) return AmkWFmt<AMK_DTYPE_BF16>::get(v, i);
-  else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return AmkWFmt<AMK_DTYPE_F16>::get(v, i);
-  else return amk_v16_get(v, i, dt);
-}
 
 // The wide P.V pass's reduce-scatter over a warp's row groups, levels m = M, M / 2, ..., G:
 // lanes m apart swap halves of their first 2 * H values and the lane with bit m set keeps
