@@ -475,6 +475,9 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
   }
 }
 
+#ifndef AMK_DIAG_PV_MARK
+#define AMK_DIAG_PV_MARK 0  // trace diagnostic: mark 2 before the P.V pass instead of after it
+#endif
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
@@ -504,6 +507,9 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
       s = amk_warp_sum(s);
       if (lane == 0) lh[h] = amk_add(lh[h], s);
     }
+#if AMK_DIAG_PV_MARK
+    amk_trace_mark(c, 2);  // diagnostic: exp and l done (the P.V pass follows)
+#endif
     amk_attn_pv(V, cache, cap, jt, tn, qh, o, wpart);
   }
 }
@@ -586,7 +592,9 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   amk_attn_partial_rows(c, amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap,
                         j0, j1, qh, scale, qb.dtype);
   amk_syncthreads();
+#if !AMK_DIAG_PV_MARK
   amk_trace_mark(c, 2);  // P.V done
+#endif
 
   const AmkOperand &oo = t.out[0], &ml = t.out[1];
   const AmkBuffer &ob = amk_buf(c, oo), &mb = amk_buf(c, ml);
