@@ -12,24 +12,11 @@
 #include "elementwise.cuh"
 #include "argmax.cuh"
 
-// Each op as its own function (AMK_OPS_OUTLINE): its code contiguous, and registers allocated
-// per op rather than for the one kernel-wide function every op is inlined into.
-#ifndef AMK_OPS_OUTLINE
-#define AMK_OPS_OUTLINE 0
-#endif
-template <void (*F)(const AmkCtx&)>
-AMK_DEVICE_NOINLINE void amk_op_outlined(const AmkCtx c) {
-  F(c);
-}
-
 // An op this build leaves out (AMK_OPS, common.cuh) reports AMK_ERR_BAD_OP like an unknown one.
 #define AMK_OP_CASE(op, fn)                \
   case op:                                 \
     if constexpr (AMK_WITH_OP(op)) {       \
-      if constexpr (AMK_OPS_OUTLINE)       \
-        amk_op_outlined<fn>(c);            \
-      else                                 \
-        fn(c);                             \
+      fn(c);                               \
       return;                              \
     }                                      \
     break;
