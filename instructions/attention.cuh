@@ -184,9 +184,15 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // head in a register over all its rows: one warp reduction and one shared atomic per head and
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
+// Heads a block of the wide score pass scores together: 4 (AMK_ATTN_HB) where only float
+// weights are compiled in; one in builds with quantized GEMV weights, whose rows take the
+// registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85).
+#ifndef AMK_ATTN_SCORE_HB
+#define AMK_ATTN_SCORE_HB (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 1 : AMK_ATTN_HB)  // 0x30: I8, U4
+#endif
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
-  constexpr int HB = AMK_ATTN_HB;
+  constexpr int HB = AMK_ATTN_SCORE_HB;
   const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
