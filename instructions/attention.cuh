@@ -171,6 +171,13 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
   else return amk_v16_get(v, i, dt);
 }
 
+// Heads a block of the wide score pass scores together: 4 (AMK_ATTN_HB) where only float
+// weights are compiled in; one in builds with quantized GEMV weights, whose rows take the
+// registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85).
+#ifndef AMK_ATTN_SCORE_HB
+#define AMK_ATTN_SCORE_HB (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 1 : AMK_ATTN_HB)  // 0x30: I8, U4
+#endif
+
 // amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row
 // (G = head_dim / 32 lanes per row: 2 at head_dim 64, one shuffle level), so a warp scores
 // 32 / G rows per load and a head's dot product is four independent chains of 8 products
@@ -179,17 +186,11 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // This one: 1B ctx 8192 2110 -> 1961 us, ctx 1024 1607 -> 1587 (eval/PERF_NOTES.md items
 // 31-32). Same results contract: exact maximum keys, the first cap scores cached; the sums'
 // order differs from the split layout's (both are fp32 dots).
-// The heads go in blocks of AMK_ATTN_HB, all of a block's heads scored together for each row
-// (independent chains, q read as 16-byte vectors), and each lane keeps its largest key per
+// The heads go in blocks of AMK_ATTN_SCORE_HB, all of a block's heads scored together for each
+// row (independent chains, q read as 16-byte vectors), and each lane keeps its largest key per
 // head in a register over all its rows: one warp reduction and one shared atomic per head and
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
-// Heads a block of the wide score pass scores together: 4 (AMK_ATTN_HB) where only float
-// weights are compiled in; one in builds with quantized GEMV weights, whose rows take the
-// registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85).
-#ifndef AMK_ATTN_SCORE_HB
-#define AMK_ATTN_SCORE_HB (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 1 : AMK_ATTN_HB)  // 0x30: I8, U4
-#endif
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   constexpr int HB = AMK_ATTN_SCORE_HB;
@@ -211,7 +212,8 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
       float t[HB];
 #pragma unroll
       for (int hh = 0; hh < HB; ++hh) {
-        const float4* q = (const float4*)(qs + min(hb + hh, qh - 1) * hd + sub * 32);  // 16-byte aligned: hd % 32 == 0
+        // (16-byte aligned: hd % 32 == 0; a block's heads past qh re-score the last one, dropped below)
+        const float4* q = (const float4*)(qs + min(hb + hh, qh - 1) * hd + sub * 32);
         float part[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
