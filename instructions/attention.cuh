@@ -136,14 +136,22 @@ AMK_DEVICE float amk_attn_scaled(float dot, float scale, int qdt) {
 
 #define AMK_ATTN_NO_KEY (-2147483647 - 1)  // below every float's key
 
-// Pass 1's maximum: the warp's largest key over its row groups (lanes g apart), then one
-// shared atomic per warp; integer keys, so exact and independent of the order.
-AMK_DEVICE void amk_attn_key_max(int key, int g, int* mkey) {
-  for (int m = g; m < AMK_WARP_SIZE; m <<= 1) {
-    const int other = amk_shfl_xor_int(key, m);
-    key = other > key ? other : key;
+// Pass 1's maximum for N heads: each head's largest key over the warp's row groups (lanes g
+// apart), then one shared atomic per warp and head (heads n >= valid have none); integer
+// keys, so exact and independent of the order.
+template <int N>
+AMK_DEVICE void amk_attn_key_max(int (&key)[N], int g, int* mkey, int valid) {
+  for (int m = g; m < AMK_WARP_SIZE; m <<= 1)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const int other = amk_shfl_xor_int(key[n], m);
+      key[n] = other > key[n] ? other : key[n];
+    }
+  if (amk_lane() == 0) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+      if (n < valid && key[n] != AMK_ATTN_NO_KEY) atomicMax(&mkey[n], key[n]);
   }
-  if (amk_lane() == 0 && key != AMK_ATTN_NO_KEY) atomicMax(mkey, key);
 }
 
 // The wide score pass is compiled into the builds the loader makes (one program's weight
@@ -239,19 +247,7 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
         }
       }
     }
-    if (mkey != nullptr) {
-      for (int m = G; m < AMK_WARP_SIZE; m <<= 1)  // over the warp's row groups
-#pragma unroll
-        for (int hh = 0; hh < HB; ++hh) {
-          const int other = amk_shfl_xor_int(key[hh], m);
-          key[hh] = other > key[hh] ? other : key[hh];
-        }
-      if (lane == 0) {
-#pragma unroll
-        for (int hh = 0; hh < HB; ++hh)
-          if (hb + hh < qh && key[hh] != AMK_ATTN_NO_KEY) atomicMax(&mkey[hb + hh], key[hh]);
-      }
-    }
+    if (mkey != nullptr) amk_attn_key_max(key, G, &mkey[hb], qh - hb);
   }
 }
 
@@ -302,7 +298,10 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
           if (sub == 0 && j - ja < cap) cache[h * cap + (j - ja)] = t[u];
         }
       }
-      if (mkey != nullptr) amk_attn_key_max(key, K.G, &mkey[h]);
+      if (mkey != nullptr) {
+        int keys[1] = {key};
+        amk_attn_key_max(keys, K.G, &mkey[h], 1);
+      }
     }
   }
 }
