@@ -329,6 +329,29 @@ def test_pack_program_tables():
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]
 
 
+def test_pack_prefetch_mask_hints_weights_and_small_operands_first():
+    """A GEMV's weight slots (low bits) and its small immutable operands, the fused norm's
+    weights and the RoPE frequencies (bits PREFETCH_FIRST_SHIFT..), are hinted; activations,
+    the residual and the position never."""
+    from vm_cases import lowered
+
+    prog, _ = lowered("llama-gqa-tied", dtype="bfloat16")
+    pk = loader.PackedProgram(prog)
+    first_roles = set()
+    for rec, t in zip(pk.tasks, prog.tasks):
+        mask = int(rec["prefetch_in"])
+        if t.op != Op.GEMV:
+            assert mask == 0, t.name
+            continue
+        roles = input_roles(t.params, prog.buffers[t.inputs[0].buf].dtype)
+        hinted = {r for s, r in enumerate(roles) if (mask >> s) & 1}
+        first = {r for s, r in enumerate(roles) if (mask >> (loader.PREFETCH_FIRST_SHIFT + s)) & 1}
+        assert hinted == {r for r in roles if r in loader.GEMV_PREFETCH_ROLES}, t.name
+        assert first == {r for r in roles if r in ("gamma", "inv_freq")}, t.name
+        first_roles |= first
+    assert first_roles == {"gamma", "inv_freq"}  # the fused norms and the q/k RoPE epilogues
+
+
 def test_experiment_defines_parse_and_refuse(monkeypatch):
     from amk.vm.loader import experiment_defines
 

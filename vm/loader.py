@@ -138,6 +138,14 @@ BUFFER_DTYPE = np.dtype([("ptr", "<u8"), ("numel", "<i8"), ("width", "<i8"), ("r
 
 POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"), DType.I32: -(2**31)}
 GEMV_PREFETCH_ROLES = ("w", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero")
+# Small immutable GEMV operands that every task of a stage reads right after its wait (the fused
+# norm's weights, the epilogue's bias, head norm and RoPE frequencies): hinted before the weights,
+# in bits PREFETCH_FIRST_SHIFT.. of the task's prefetch_in (vm/megakernel.cu amk_prefetch_task).
+# The weight stream evicts them between layers, so unhinted each one is an HBM round trip on the
+# critical path of every q/k/v and gate/up prologue.
+GEMV_PREFETCH_FIRST_ROLES = ("gamma", "bias", "head_gamma", "inv_freq")
+PREFETCH_FIRST_SHIFT = 16
+assert MAX_INPUTS <= PREFETCH_FIRST_SHIFT, "input slot bits overlap the hinted-first bits"
 
 
 # ---------------------------------------------------------------------- packing (host only, no GPU)
@@ -290,11 +298,14 @@ class PackedProgram:
             for s, (role, o) in enumerate(zip(iroles, t.inputs)):
                 rec["role"][ROLE_CODE[role]] = s
                 self._operand(rec["in"][s], o)
+                immutable = program.buffers[self.buffer_index[o.buf]].kind in IMMUTABLE_KINDS
                 if p.op == Op.GEMV and role in GEMV_PREFETCH_ROLES:
-                    if program.buffers[self.buffer_index[o.buf]].kind not in IMMUTABLE_KINDS:
+                    if not immutable:
                         raise VMRefused(f"task {t.id} {t.name!r}: GEMV {role} must be a WEIGHT or CONST buffer "
                                         "(the kernel streams it through the read-only path)")
                     mask |= 1 << s
+                elif p.op == Op.GEMV and role in GEMV_PREFETCH_FIRST_ROLES and immutable:
+                    mask |= 1 << (PREFETCH_FIRST_SHIFT + s)
             rec["prefetch_in"] = mask
             for s, o in enumerate(t.outputs):
                 self._operand(rec["out"][s], o)
