@@ -329,27 +329,21 @@ def test_pack_program_tables():
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]
 
 
-def test_pack_prefetch_mask_hints_weights_and_small_operands_first():
-    """A GEMV's weight slots (low bits) and its small immutable operands, the fused norm's
-    weights and the RoPE frequencies (bits PREFETCH_FIRST_SHIFT..), are hinted; activations,
-    the residual and the position never."""
+def test_score_head_block_fills_blocks_evenly():
+    # (q heads a KV head, heads a score block): as few blocks of <= 4 as possible, evenly filled
+    assert [(q, loader.score_head_block(q)) for q in (1, 2, 3, 4, 5, 6, 7, 8, 12)] == \
+        [(1, 1), (2, 2), (3, 3), (4, 4), (5, 3), (6, 3), (7, 4), (8, 4), (12, 4)]
+
+
+@pytest.mark.parametrize("model,cfg,want", [("smollm2-like", {}, 3), ("llama-gqa-tied", {}, 2), ("llama-mqa", {}, None),
+                                            ("smollm2-like", dict(quant="int8"), None)])
+def test_pack_score_block_define(model, cfg, want):
+    """A float-weight program with 3 q heads a KV head (SmolLM2) builds its score pass with
+    blocks of 3 (2 q heads: 2); 4 keeps the kernel's default, and quantized builds keep theirs (1)."""
     from vm_cases import lowered
 
-    prog, _ = lowered("llama-gqa-tied", dtype="bfloat16")
-    pk = loader.PackedProgram(prog)
-    first_roles = set()
-    for rec, t in zip(pk.tasks, prog.tasks):
-        mask = int(rec["prefetch_in"])
-        if t.op != Op.GEMV:
-            assert mask == 0, t.name
-            continue
-        roles = input_roles(t.params, prog.buffers[t.inputs[0].buf].dtype)
-        hinted = {r for s, r in enumerate(roles) if (mask >> s) & 1}
-        first = {r for s, r in enumerate(roles) if (mask >> (loader.PREFETCH_FIRST_SHIFT + s)) & 1}
-        assert hinted == {r for r in roles if r in loader.GEMV_PREFETCH_ROLES}, t.name
-        assert first == {r for r in roles if r in ("gamma", "inv_freq")}, t.name
-        first_roles |= first
-    assert first_roles == {"gamma", "inv_freq"}  # the fused norms and the q/k RoPE epilogues
+    prog, _ = lowered(model, dtype="bfloat16", **cfg)
+    assert loader.PackedProgram(prog).defines.get("AMK_ATTN_SCORE_HB") == want
 
 
 def test_experiment_defines_parse_and_refuse(monkeypatch):

@@ -85,13 +85,14 @@ def test_attention_ops(emu, qk_norm, splits, block):
     run_both(emu, prog, t, list(zip(ATTN_TOKENS, range(len(ATTN_TOKENS)))))
 
 
-@pytest.mark.parametrize("score_hb", [4, 1])
+@pytest.mark.parametrize("score_hb", [4, 3, 1])
 @pytest.mark.parametrize("head_dim,splits", [(32, 1), (64, 1), (64, 3), (128, 1)])
 def test_attention_half_precision_kv(emu, monkeypatch, head_dim, splits, score_hb):
     """bf16 K/V caches, as lowered models have them: the score pass reads rows with 16-byte
     vectors, 4 of them a lane (instructions/attention.cuh, amk_attn_scores_wide), over splits
     of several passes (a random history of 200 rows in both VMs), scoring 4 heads a block (the
-    float-weight builds) or one (the quantized builds: AMK_ATTN_SCORE_HB)."""
+    float-weight builds), 3 (SmolLM2's 3 q heads a KV head: here a full block and a part-empty one)
+    or one (the quantized builds: AMK_ATTN_SCORE_HB)."""
     defines = os.environ.get("AMK_VM_DEFINES", "")
     monkeypatch.setenv("AMK_VM_DEFINES", ",".join(filter(None, [defines, f"AMK_ATTN_SCORE_HB={score_hb}"])))
     cap, pos = 256, 200

@@ -138,14 +138,6 @@ BUFFER_DTYPE = np.dtype([("ptr", "<u8"), ("numel", "<i8"), ("width", "<i8"), ("r
 
 POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"), DType.I32: -(2**31)}
 GEMV_PREFETCH_ROLES = ("w", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero")
-# Small immutable GEMV operands that every task of a stage reads right after its wait (the fused
-# norm's weights, the epilogue's bias, head norm and RoPE frequencies): hinted before the weights,
-# in bits PREFETCH_FIRST_SHIFT.. of the task's prefetch_in (vm/megakernel.cu amk_prefetch_task).
-# The weight stream evicts them between layers, so unhinted each one is an HBM round trip on the
-# critical path of every q/k/v and gate/up prologue.
-GEMV_PREFETCH_FIRST_ROLES = ("gamma", "bias", "head_gamma", "inv_freq")
-PREFETCH_FIRST_SHIFT = 16
-assert MAX_INPUTS <= PREFETCH_FIRST_SHIFT, "input slot bits overlap the hinted-first bits"
 
 
 # ---------------------------------------------------------------------- packing (host only, no GPU)
@@ -298,14 +290,11 @@ class PackedProgram:
             for s, (role, o) in enumerate(zip(iroles, t.inputs)):
                 rec["role"][ROLE_CODE[role]] = s
                 self._operand(rec["in"][s], o)
-                immutable = program.buffers[self.buffer_index[o.buf]].kind in IMMUTABLE_KINDS
                 if p.op == Op.GEMV and role in GEMV_PREFETCH_ROLES:
-                    if not immutable:
+                    if program.buffers[self.buffer_index[o.buf]].kind not in IMMUTABLE_KINDS:
                         raise VMRefused(f"task {t.id} {t.name!r}: GEMV {role} must be a WEIGHT or CONST buffer "
                                         "(the kernel streams it through the read-only path)")
                     mask |= 1 << s
-                elif p.op == Op.GEMV and role in GEMV_PREFETCH_FIRST_ROLES and immutable:
-                    mask |= 1 << (PREFETCH_FIRST_SHIFT + s)
             rec["prefetch_in"] = mask
             for s, o in enumerate(t.outputs):
                 self._operand(rec["out"][s], o)
@@ -321,7 +310,8 @@ class PackedProgram:
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
-                        "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program)}
+                        "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
+                        **_score_block_define(program, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -354,6 +344,27 @@ def _op_defines(program: Program) -> dict[str, int]:
             bias |= p.has_bias
             head_norm |= p.head_norm_eps is not None
     return {"AMK_OPS": ops, "AMK_EPILOGUES": epilogues, "AMK_EPI_BIAS": int(bias), "AMK_EPI_HEAD_NORM": int(head_norm)}
+
+
+def score_head_block(q_heads: int) -> int:
+    """Heads the wide score pass scores together (AMK_ATTN_SCORE_HB) for q_heads q heads a KV
+    head: blocks of at most ATTN_HEAD_BLOCK, as few as possible, as even as possible, so that
+    few re-score a head past the last (SmolLM2's 3 in a block of 4 scored one twice)."""
+    blocks = -(-q_heads // ATTN_HEAD_BLOCK)
+    return -(-q_heads // blocks)
+
+
+def _score_block_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
+    """AMK_ATTN_SCORE_HB for the program's attention where it differs from the kernel's default:
+    ATTN_HEAD_BLOCK heads in float-weight builds (quantized builds keep their default of one:
+    instructions/attention.cuh)."""
+    if gemv_wdtypes & {DType.I8, DType.U4}:
+        return {}
+    q_heads = {t.params.q_heads for t in program.tasks if t.params.op == Op.ATTN_PARTIAL}
+    if len(q_heads) != 1:
+        return {}
+    hb = score_head_block(q_heads.pop())
+    return {} if hb == ATTN_HEAD_BLOCK else {"AMK_ATTN_SCORE_HB": hb}
 
 
 def _dtype_mask(dtypes) -> int:

@@ -47,20 +47,19 @@
 #ifndef AMK_PREFETCH_KB
 #define AMK_PREFETCH_KB 64
 #endif
-// The small immutable operands (prefetch_in bits AMK_PREFETCH_FIRST_SHIFT..; vm/loader.py
-// GEMV_PREFETCH_FIRST_ROLES) hinted before the weights; 0 leaves them to their own loads.
-#ifndef AMK_PREFETCH_FIRST
-#define AMK_PREFETCH_FIRST 1
-#endif
-#define AMK_PREFETCH_FIRST_SHIFT 16
-static_assert(AMK_MAX_INPUTS <= AMK_PREFETCH_FIRST_SHIFT, "input slot bits overlap the hinted-first bits");
 
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
-// Hint the input slots in `mask` of task t into L2, in slot order, out of `budget` line slots.
-// False once *keep_going drops to 0.
-AMK_DEVICE bool amk_prefetch_slots(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int mask,
-                                   int tid, int nthr, long long& budget, const volatile int* keep_going) {
+// Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
+// partial's KV rows too, instructions/attention.cuh), spread over
+// threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
+// then on the op's own loads fetch the rest). Reads the record from the global table: it may
+// be a task further down the queue.
+AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
+                                  int nthr, const volatile int* keep_going) {
+  if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
+  long long budget = (long long)AMK_PREFETCH_KB * 1024 / 128;  // 128-byte line slots
+  const int mask = t->prefetch_in;
   for (int s = 0; s < t->n_in && mask != 0 && budget > 0; ++s) {
     if (!((mask >> s) & 1)) continue;
     const AmkOperand& o = t->in[s];
@@ -71,26 +70,8 @@ AMK_DEVICE bool amk_prefetch_slots(const AmkTask* __restrict__ t, const AmkBuffe
     if (!amk_prefetch_runs((const char*)b.ptr, o.off * bits / 8, o.stride * bits / 8,
                            (o.len * (dense ? count : 1) * bits + 7) / 8, dense ? 1 : count, tid, nthr, budget,
                            keep_going))
-      return false;
+      return;
   }
-  return true;
-}
-
-// Hint the L2 to fetch a task's immutable inputs (t.prefetch_in: bits 16.. the small operands
-// its prologue reads first, the norm weights and RoPE frequencies, then bits 0..15 the
-// weights; an attention partial's KV rows too, instructions/attention.cuh), spread over
-// threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
-// then on the op's own loads fetch the rest). Reads the record from the global table: it may
-// be a task further down the queue.
-AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
-                                  int nthr, const volatile int* keep_going) {
-  if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
-  long long budget = (long long)AMK_PREFETCH_KB * 1024 / 128;  // 128-byte line slots
-  const int mask = t->prefetch_in;
-#if AMK_PREFETCH_FIRST
-  if (!amk_prefetch_slots(t, bufs, mask >> AMK_PREFETCH_FIRST_SHIFT, tid, nthr, budget, keep_going)) return;
-#endif
-  amk_prefetch_slots(t, bufs, mask & ((1 << AMK_PREFETCH_FIRST_SHIFT) - 1), tid, nthr, budget, keep_going);
 }
 
 // Thread 0 only: wait until every counter of the task has reached its threshold.
