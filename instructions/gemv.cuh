@@ -39,6 +39,10 @@
 #ifndef AMK_GEMV_ROW_AHEAD
 #define AMK_GEMV_ROW_AHEAD 1
 #endif
+// ... only in tasks of at least this many rows (the LM head's)
+#ifndef AMK_GEMV_AHEAD_MIN_ROWS
+#define AMK_GEMV_AHEAD_MIN_ROWS 256
+#endif
 
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
@@ -354,7 +358,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
       const int r = r0 + amk_lane() / L;
       if constexpr (AMK_GEMV_ROW_AHEAD > 0) {
         const int ahead = r + AMK_GEMV_ROW_AHEAD * amk_nwarps() * per_warp;  // this lane group's row then
-        if (ahead < rows) {
+        if (ahead < rows && rows >= AMK_GEMV_AHEAD_MIN_ROWS) {
           amk_gemv_hint_row<DT>(w, ahead, K, L, sub);
           if (PAIR) amk_gemv_hint_row<DT>(w2, ahead, K, L, sub);
         }
