@@ -33,13 +33,15 @@
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
 // Rows ahead of the one a warp streams whose weights it hints into L2 as it starts a row
-// (0: none). The loads in flight a lane are capped by registers (AMK_GEMV_UNROLL); a hint
-// holds none, so the HBM fetch of the warp's next row overlaps this one's round trips and
-// the next row's loads hit L2.
+// (0: none), in GEMV tasks of at least AMK_GEMV_AHEAD_MIN_ROWS rows: the LM head's. The
+// loads in flight a lane are capped by registers (AMK_GEMV_UNROLL); a hint holds none, so the
+// HBM fetch of the warp's next row overlaps this one's round trips (1B LM head rows 185 ->
+// 167 us, step -0.5 %). In every GEMV the same hints made the step 7 % slower: the attention
+// and combine phases, which issue none, slowed most (eval/PERF_NOTES.md item 91). Off in
+// builds with quantized weights (int4 1B +1.6 % with it).
 #ifndef AMK_GEMV_ROW_AHEAD
-#define AMK_GEMV_ROW_AHEAD 1
+#define AMK_GEMV_ROW_AHEAD (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 0 : 1)  // 0x30: I8, U4
 #endif
-// ... only in tasks of at least this many rows (the LM head's)
 #ifndef AMK_GEMV_AHEAD_MIN_ROWS
 #define AMK_GEMV_AHEAD_MIN_ROWS 256
 #endif

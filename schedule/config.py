@@ -20,6 +20,9 @@ ProgramDType = Literal["float32", "bfloat16", "float16"]
 SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 
+# 'auto' prefetch_depth turns the wait-time hints off when no layer GEMV task streams more than this.
+SMALL_TASK_KB = 64
+
 # Fields that take 'auto' or an int in 1..max.
 _AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS,
                  "argmax_splits": 64}
@@ -100,10 +103,14 @@ class ScheduleConfig(BaseModel):
         "and waiters all run on one XCD gets the cheaper XCD memory scope. 'auto' = on when the target "
         "has more than one XCD; true on a one-XCD target is refused.",
     )
-    prefetch_depth: int = Field(
-        1, ge=0, le=4,
+    prefetch_depth: Union[Auto, int] = Field(
+        "auto",
         description="VM knob (program.meta['vm']): how many upcoming tasks' weights a block "
-        "starts loading before waiting on the current task's activations (0 = none).",
+        "starts loading before waiting on the current task's activations (0..4; 0 = none). 'auto' = "
+        f"1, or 0 when no layer GEMV task streams more than {SMALL_TASK_KB} KiB of weights: such a task "
+        "is a round or two of loads a warp, its own loads fetch it as soon as hints would, and the "
+        "hints' traffic slows the latency-bound phases (SmolLM2 shape -1.5 %, eval/PERF_NOTES.md "
+        "items 82 and 93).",
     )
     prefetch_kb: int = Field(
         64, ge=1, le=8192,
@@ -198,6 +205,13 @@ class ScheduleConfig(BaseModel):
         hi = _AUTO_INT_MAX[info.field_name]
         if v != "auto" and not 1 <= v <= hi:
             raise ValueError(f"{info.field_name} must be 'auto' or in 1..{hi}")
+        return v
+
+    @field_validator("prefetch_depth")
+    @classmethod
+    def _prefetch_depth(cls, v):
+        if v != "auto" and not 0 <= v <= 4:
+            raise ValueError("prefetch_depth must be 'auto' or in 0..4")
         return v
 
     @field_validator("rope_rows")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from amk.schedule import placement, rope_rows
-from amk.schedule.config import ScheduleConfig
+from amk.schedule.config import SMALL_TASK_KB, ScheduleConfig
 from amk.schedule.hazards import HazardTracker
 from amk.schedule.ir import (
     MAX_HEAD_DIM,
@@ -76,6 +76,7 @@ from amk.schedule.weights import (  # noqa: F401 (re-exported)
 
 PROGRAM_DTYPES = {"float32": DType.F32, "bfloat16": DType.BF16, "float16": DType.F16}
 ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
+LM_HEAD_STAGE = "lm_head"  # the name (and task-name prefix) of the LM head's GEMV stage
 
 
 def tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
@@ -574,7 +575,7 @@ class _Lowering:
             head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head and self.quantizes(LM_HEAD_Q) else embed
         else:
             head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
-        self.gemv_stage("lm_head", [_Mat("lm_head", head, into(logits))], xin, gamma)
+        self.gemv_stage(LM_HEAD_STAGE, [_Mat("lm_head", head, into(logits))], xin, gamma)
         self.argmax(logits, next_token)
         return self.program()
 
@@ -603,6 +604,13 @@ class _Lowering:
             self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None)
             self.binary(f"{name}.add", Op.ADD, x, out, x)
 
+    def prefetch_depth(self, cost: list[float]) -> int:
+        """ScheduleConfig.prefetch_depth resolved ('auto': 0 for programs of small GEMV tasks)."""
+        if self.cfg.prefetch_depth != "auto":
+            return self.cfg.prefetch_depth
+        layer_bytes = [c for t, c in zip(self.tasks, cost) if _is_layer_gemv(t)]
+        return 0 if layer_bytes and max(layer_bytes) <= SMALL_TASK_KB * 1024 else 1
+
     def program(self) -> Program:
         cfg = self.cfg
         cost = placement.task_costs(self.tasks, self.buffers, self.kv_capacity)
@@ -619,7 +627,7 @@ class _Lowering:
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
                          "argmax_splits": self.argmax_splits, "xcds": self.xcds},
-            "vm": {"prefetch_depth": cfg.prefetch_depth, "prefetch_kb": cfg.prefetch_kb, "gemv_unroll": cfg.gemv_unroll,
+            "vm": {"prefetch_depth": self.prefetch_depth(cost), "prefetch_kb": cfg.prefetch_kb, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
         if self.permuted:
@@ -634,6 +642,10 @@ class _Lowering:
         )
         prog.meta["stats"] = program_stats(prog)  # (the dict stays writable; provenance only)
         return prog
+
+
+def _is_layer_gemv(t: Task) -> bool:
+    return t.params.op == Op.GEMV and not t.name.startswith(LM_HEAD_STAGE)
 
 
 def lower(spec: ModelSpec, config: ScheduleConfig | None, target: GpuTarget, *, kv_capacity: int = 2048,

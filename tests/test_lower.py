@@ -280,6 +280,29 @@ def test_meta():
     assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
 
 
+def test_prefetch_depth_auto_is_off_for_small_gemv_tasks():
+    """'auto' prefetch_depth resolves to 0 when no layer GEMV task streams more than
+    SMALL_TASK_KB of weights (the LM head does not count), else 1; a number is kept."""
+    from amk.eval.shapes import shape_config
+    from amk.schedule.config import SMALL_TASK_KB
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.schedule.importer.hf_config import normalize
+    from amk.schedule.placement import task_costs
+
+    def resolved(shape, **cfg):
+        spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
+        p = lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
+        cost = task_costs(p.tasks, p.buffers, p.kv_capacity)
+        largest = max(c for t, c in zip(p.tasks, cost) if t.params.op == Op.GEMV and not t.name.startswith("lm_head"))
+        return p.meta["vm"]["prefetch_depth"], largest
+
+    depth, largest = resolved("smollm2-135m")  # its LM head tasks (~430 KB) are larger, and do not count
+    assert depth == 0 and largest <= SMALL_TASK_KB * 1024
+    depth, largest = resolved("llama-3.2-1b")
+    assert depth == 1 and largest > SMALL_TASK_KB * 1024
+    assert resolved("smollm2-135m", prefetch_depth=2)[0] == 2 and resolved("llama-3.2-1b", prefetch_depth=0)[0] == 0
+
+
 def test_slabs_and_splits_follow_config():
     spec = ZOO["gqa"]
     p = lower(spec, cfg_of(gemv_tasks_per_matrix=4, split_k=2, kv_splits=3), H100, kv_capacity=64)
