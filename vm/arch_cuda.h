@@ -84,28 +84,12 @@ struct amk_u32x4 {
   unsigned x, y, z, w;
 };
 
-// Weight loads marked first to go from L2: each weight byte is read once a step, and a whole
-// layer's weights (121 MB on the 1B) streaming through the 50 MB L2 at normal priority push
-// out what the latency-bound phases read again soon: activations, counters, KV rows, norm
-// weights, and the kernel's own instructions.
-#ifndef AMK_WEIGHT_EVICT_FIRST
-#define AMK_WEIGHT_EVICT_FIRST 1
-#endif
-
 // 16-byte load of immutable data (weights): read-only path, no L1 allocation.
 AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   amk_u32x4 r;
-#if AMK_WEIGHT_EVICT_FIRST && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  unsigned long long policy;  // (not volatile: one per loop, not one per load)
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(policy));
-#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
-#endif
   return r;
 }
 
