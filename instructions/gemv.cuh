@@ -32,19 +32,6 @@
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
-// Rows ahead of the one a warp streams whose weights it hints into L2 as it starts a row
-// (0: none), in GEMV tasks of at least AMK_GEMV_AHEAD_MIN_ROWS rows: the LM head's. The
-// loads in flight a lane are capped by registers (AMK_GEMV_UNROLL); a hint holds none, so the
-// HBM fetch of the warp's next row overlaps this one's round trips (1B LM head rows 185 ->
-// 167 us, step -0.5 %). In every GEMV the same hints made the step 7 % slower: the attention
-// and combine phases, which issue none, slowed most (eval/PERF_NOTES.md item 91). Off in
-// builds with quantized weights (int4 1B +1.6 % with it).
-#ifndef AMK_GEMV_ROW_AHEAD
-#define AMK_GEMV_ROW_AHEAD (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 0 : 1)  // 0x30: I8, U4
-#endif
-#ifndef AMK_GEMV_AHEAD_MIN_ROWS
-#define AMK_GEMV_AHEAD_MIN_ROWS 256
-#endif
 
 AMK_DEVICE long long amk_round4(long long n) { return (n + 3) & ~3ll; }
 
@@ -311,16 +298,6 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   a2 = s2;
 }
 
-// Hint row r of w (its weight bytes, not the scales) into L2, its 128-byte lines spread over
-// the L lanes of a lane group (sub = this lane's index in it).
-template <int DT>
-AMK_DEVICE void amk_gemv_hint_row(const AmkGemvW& w, int r, int K, int L, int sub) {
-  const amk_i64 bytes = (amk_i64)K * AmkWFmt<DT>::BITS / 8;
-  const char* row = (const char*)w.wb->ptr + (w.off + r * w.stride) * AmkWFmt<DT>::BITS / 8;
-  const char* first = (const char*)((unsigned long long)row & ~127ull);
-  for (amk_i64 i = sub; first + i * 128 < row + bytes; i += L) amk_prefetch_l2(first + i * 128);
-}
-
 // Lanes per row: the fewest (a power of two, >= 4 so that a load instruction still covers
 // whole 32-byte sectors) whose U loads each cover a row in one round.
 template <int DT, bool PAIR>
@@ -358,13 +335,6 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
       const int r = r0 + amk_lane() / L;
-      if constexpr (AMK_GEMV_ROW_AHEAD > 0) {
-        const int ahead = r + AMK_GEMV_ROW_AHEAD * amk_nwarps() * per_warp;  // this lane group's row then
-        if (ahead < rows && rows >= AMK_GEMV_AHEAD_MIN_ROWS) {
-          amk_gemv_hint_row<DT>(w, ahead, K, L, sub);
-          if (PAIR) amk_gemv_hint_row<DT>(w2, ahead, K, L, sub);
-        }
-      }
       float a1, a2;
       amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xp, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
