@@ -287,13 +287,15 @@ def test_prefetch_depth_auto_is_off_for_small_gemv_tasks():
     from amk.schedule.config import SMALL_TASK_KB
     from amk.schedule.importer import spec_from_hf_config
     from amk.schedule.importer.hf_config import normalize
+    from amk.schedule.lower import LM_HEAD_STAGE
     from amk.schedule.placement import task_costs
 
     def resolved(shape, **cfg):
         spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
         p = lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
         cost = task_costs(p.tasks, p.buffers, p.kv_capacity)
-        largest = max(c for t, c in zip(p.tasks, cost) if t.params.op == Op.GEMV and not t.name.startswith("lm_head"))
+        largest = max(c for t, c in zip(p.tasks, cost)
+                      if t.params.op == Op.GEMV and not t.name.startswith(LM_HEAD_STAGE))
         return p.meta["vm"]["prefetch_depth"], largest
 
     depth, largest = resolved("smollm2-135m")  # its LM head tasks (~430 KB) are larger, and do not count
