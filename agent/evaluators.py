@@ -85,8 +85,8 @@ class CostModel:
     `sync_us` if any producer ran on another queue (one cross-SM hop: release, atomic,
     acquire poll through L2). A task costs `dispatch_us` (fetch, decode, block barrier)
     plus its bytes over the queue's bandwidth share. Weight (immutable) bytes may stream
-    before the wait is satisfied when `prefetch_depth >= 1`; with 0 they start after it and
-    pay one `mem_latency_us`. KV-cache bytes (at the model context) always wait.
+    before the wait is satisfied when `prefetch_depth >= 1` (and, for a GEMV, its weights are at
+    least `prefetch_min_kb`); otherwise they start after it and pay one `mem_latency_us`. KV-cache bytes (at the model context) always wait.
 
         bw_sm  = min(sm_peak_factor * BW / SMs, inflight / mem_latency)     per SM
         inflight = threads_per_block * blocks_per_sm * bytes_per_load * loads_in_flight
@@ -119,7 +119,9 @@ class CostModel:
         inflight = program.threads_per_block * per_cu * self.bytes_per_load * self.loads_in_flight
         bw_sm = min(self.sm_peak_factor * bw / tg.compute_units, inflight / self.mem_latency_us)
         bw_q = min(bw_sm / per_cu, bw / q_count)
-        prefetch = int((program.meta.get("vm") or {}).get("prefetch_depth", 1)) if isinstance(program.meta, dict) else 1
+        vm = (program.meta.get("vm") or {}) if isinstance(program.meta, dict) else {}
+        prefetch = int(vm.get("prefetch_depth", 1))
+        hint_min = int(vm.get("prefetch_min_kb", 0)) * 1024  # GEMV tasks with fewer weight bytes: no hints
         bufs = program.buffers
         pos = max(ctx - 1, 0)
 
@@ -176,7 +178,7 @@ class CostModel:
                     crossed += 1
                 w_t, kv_t = w_bytes[t.id] / bw_q, kv_bytes[t.id] / bw_q
                 start = free[qi] + self.dispatch_us
-                if prefetch >= 1:
+                if prefetch >= 1 and not (t.params.op == Op.GEMV and w_bytes[t.id] < hint_min):
                     end = max(start + w_t, ready) + kv_t
                 else:
                     end = max(start, ready) + self.mem_latency_us + w_t + kv_t

@@ -118,6 +118,7 @@ class SearchSpace:
             Dim("threads_per_block", (64, 128, 192, 256, 384, 512, 768, 1024)),
             Dim("prefetch_depth", ("auto", 0, 1, 2, 3, 4)),
             Dim("prefetch_kb", (16, 32, 64, 128, 256, 1024, 8192)),
+            Dim("prefetch_min_kb", (0, 64, 128, 256, 512, 1024)),
             Dim("gemv_unroll", ("auto", 2, 4, 6, 8)),
             Dim("gemv_unroll_quant", ("auto", 2, 4, 8)),
             Dim("fuse_norm", BOOL, ordered=False),

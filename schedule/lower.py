@@ -627,7 +627,8 @@ class _Lowering:
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
                          "argmax_splits": self.argmax_splits, "xcds": self.xcds},
-            "vm": {"prefetch_depth": self.prefetch_depth(cost), "prefetch_kb": cfg.prefetch_kb, "gemv_unroll": cfg.gemv_unroll,
+            "vm": {"prefetch_depth": self.prefetch_depth(cost), "prefetch_kb": cfg.prefetch_kb,
+                   "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }
         if self.permuted:

@@ -218,6 +218,7 @@ def test_cost_model_never_beats_floor_and_prefers_overlap():
     lat = {}
     base = DEFAULT.with_(prefetch_depth=1)  # ('auto' turns the hints off for this tiny model's tasks)
     for name, cfg in {"default": base, "no_prefetch": base.with_(prefetch_depth=0),
+                      "no_gemv_hints": base.with_(prefetch_min_kb=65536),
                       "int4": base.with_(quant="int4", quant_group=64), "all_queues": ScheduleConfig()}.items():
         prog = lower(spec, cfg, h100, kv_capacity=64)
         est = CostModel().estimate(prog, ctx=64)
@@ -225,6 +226,7 @@ def test_cost_model_never_beats_floor_and_prefers_overlap():
         assert est["latency_us"] >= est["stream_us"] >= floor
         lat[name] = est["latency_us"]
     assert lat["no_prefetch"] > lat["default"] and lat["int4"] < lat["default"]
+    assert lat["no_prefetch"] >= lat["no_gemv_hints"] > lat["default"]  # prefetch_min_kb: the GEMVs unhinted
 
 
 # ----------------------------------------------------------------------------- the journal, the report

@@ -273,7 +273,7 @@ def test_argmax_slices():
 
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
-    assert p.meta["vm"] == {"prefetch_depth": 3, "prefetch_kb": 64, "gemv_unroll": "auto",
+    assert p.meta["vm"] == {"prefetch_depth": 3, "prefetch_kb": 64, "prefetch_min_kb": 0, "gemv_unroll": "auto",
                             "gemv_unroll_quant": "auto"}
     assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
     assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
@@ -355,6 +355,7 @@ FIELD_CHANGES = {
     "threads_per_block": ({}, dict(threads_per_block=512)),
     "prefetch_depth": ({}, dict(prefetch_depth=2)),
     "prefetch_kb": ({}, dict(prefetch_kb=128)),
+    "prefetch_min_kb": ({}, dict(prefetch_min_kb=128)),
     "gemv_unroll": ({}, dict(gemv_unroll=4)),
     "gemv_unroll_quant": ({}, dict(gemv_unroll_quant=4)),
     "fuse_norm": ({}, dict(fuse_norm=False)),

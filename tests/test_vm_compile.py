@@ -329,6 +329,29 @@ def test_pack_program_tables():
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]
 
 
+def test_pack_prefetch_min_kb_leaves_small_gemv_tasks_unhinted():
+    """prefetch_min_kb: a GEMV task whose weight operands total less than it gets an empty hint
+    mask; the others keep theirs (their weight slots), and 0 hints every GEMV task."""
+    from vm_cases import lowered
+
+    def masks(**cfg):
+        prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)
+        pk = loader.PackedProgram(prog)
+        gemv = [(t, int(rec["prefetch_in"])) for rec, t in zip(pk.tasks, prog.tasks) if t.op == Op.GEMV]
+        sizes = [t.inputs[0].len * t.inputs[0].count * 2 * (2 if t.params.epilogue == Epilogue.SILU_MUL else 1)
+                 for t, _ in gemv]  # bf16 weights, w (and w2)
+        return [m for _, m in gemv], sizes
+
+    every, sizes = masks()
+    assert all(m != 0 for m in every)
+    cut = sorted(set(sizes))[len(set(sizes)) // 2]  # bytes: some tasks below it, some at or above
+    some, _ = masks(prefetch_min_kb=cut // 1024)
+    assert [m for m, b in zip(some, sizes) if b >= cut // 1024 * 1024] == \
+        [m for m, b in zip(every, sizes) if b >= cut // 1024 * 1024]
+    assert all(m == 0 for m, b in zip(some, sizes) if b < cut // 1024 * 1024)
+    assert any(m == 0 for m in some) and any(m != 0 for m in some)
+
+
 def test_score_head_block_fills_blocks_evenly():
     # (q heads a KV head, heads a score block): as few blocks of <= 4 as possible, evenly filled
     assert [(q, loader.score_head_block(q)) for q in (1, 2, 3, 4, 5, 6, 7, 8, 12)] == \
