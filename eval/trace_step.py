@@ -6,7 +6,10 @@ Builds the shape with random weights, fills `ctx` positions with ordinary steps,
 one step with a CudaVM built with -DAMK_TRACE (globaltimer at wait start, wait met and op
 done per task) and prints per op / per task kind: summed and max op time, summed wait
 time, the per-queue gaps (record copy + prefetch), and the critical path, walked back from
-the last task to finish. Writes trace_step.json to $OUT (or --out).
+the last task to finish. Writes trace_step.json to $OUT (or --out), and trace_raw.npz: the
+reported step's table itself (`raw_trace`: per task its columns in ns from the step's first
+wait, its kind, queue and place in the queue), for questions the summary does not answer
+(e.g. how far apart one stage's tasks finish).
 
     python3 -m amk.eval.trace_step --compare BEFORE/trace_step.json AFTER/trace_step.json
 
@@ -16,14 +19,18 @@ the critical path's op and hop time, "before -> after".
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from amk.commands.common import write_atomic
 
 
 # The trace table's columns (instructions/common.cuh): wait start, wait met, op done, three
@@ -126,6 +133,22 @@ def analyse(program, tr: np.ndarray) -> dict:
             "queue_busy_us": {"op_total": float((dn - wm).sum() / 1e3), "wait_total": float((wm - ws).sum() / 1e3)}}
 
 
+def raw_trace(program, tr: np.ndarray) -> dict[str, np.ndarray]:
+    """The trace table as arrays: `trace` [ntasks, cols] int64 ns from the step's first wait
+    start (0 where a mark column was not written), and per task `kind`, `queue`, `qpos`."""
+    raw = tr.astype(np.int64)
+    t0 = int(raw[:, 0].min())
+    rebased = np.where(raw > 0, raw - t0, 0)
+    queue = np.full(len(program.tasks), -1, dtype=np.int32)
+    qpos = np.full(len(program.tasks), -1, dtype=np.int32)
+    index = {t.id: i for i, t in enumerate(program.tasks)}
+    for q, ids in enumerate(program.queues):
+        for k, tid in enumerate(getattr(ids, "tasks", ids)):
+            i = index[tid if isinstance(tid, int) else tid.id]
+            queue[i], qpos[i] = q, k
+    return {"trace": rebased, "kind": np.array([task_kind(t) for t in program.tasks]), "queue": queue, "qpos": qpos}
+
+
 def median_step(path: str) -> dict:
     """The median-length traced step of a trace_step.json (the one main() reports)."""
     with open(path) as f:
@@ -222,18 +245,21 @@ def main() -> None:
         export_defines(a.define)
     name = a.shape
     mk, vm = shape_vm(name, a.ctx, a.config, 76, trace=True, prefetch_depth=a.prefetch_depth)
-    results = []
+    results, tables = [], []
     for s in range(a.steps):
         st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         st.record()
         vm.run_step(7, a.ctx + s)
         en.record()
         torch.cuda.synchronize()
-        r = analyse(mk.program, vm.trace().numpy())
+        table = vm.trace().numpy()
+        r = analyse(mk.program, table)
         r["event_ms"] = st.elapsed_time(en)
         results.append(r)
+        tables.append(table)
         print(f"traced step {s}: event {r['event_ms']:.2f} ms, trace span {r['step_us']:.0f} us")
-    r = sorted(results, key=lambda x: x["step_us"])[len(results) // 2]
+    median = sorted(range(len(results)), key=lambda i: results[i]["step_us"])[len(results) // 2]
+    r = results[median]
     print(f"\nstep {r['step_us']:.0f} us, {r['ntasks']} tasks, {r['nqueues']} queues; "
           f"sum op {r['queue_busy_us']['op_total']:.0f} us, sum wait {r['queue_busy_us']['wait_total']:.0f} us")
     print(f"{'kind':44s} {'n':>5s} {'op_sum':>9s} {'op_avg':>8s} {'op_max':>8s} {'wait_sum':>9s} {'gap_sum':>9s} "
@@ -256,8 +282,10 @@ def main() -> None:
     for row in cp["rows"][:40]:
         print(f"  q{row['queue']:3d}#{row['qpos']:3d} {row['kind'][:40]:40s} ws {row['ws_us']:8.1f} wm {row['wm_us']:8.1f} done {row['done_us']:8.1f}")
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "trace_step.json"), "w") as f:
-        json.dump({"shape": name, "ctx": a.ctx, "steps": results}, f)
+    write_atomic(Path(a.out) / "trace_step.json", json.dumps({"shape": name, "ctx": a.ctx, "steps": results}))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **raw_trace(mk.program, tables[median]))
+    write_atomic(Path(a.out) / "trace_raw.npz", buf.getvalue())
     print("wrote", os.path.join(a.out, "trace_step.json"))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from amk.eval.trace_step import analyse, export_defines
+from amk.eval.trace_step import analyse, export_defines, raw_trace, task_kind
 from amk.vm.loader import experiment_defines
 from programs import lm_head_program
 
@@ -39,6 +39,22 @@ def test_phases_and_critical_path():
     assert all(not k.startswith("2") for k in set(r["per_kind"]) - set(r["phases"]))  # unmarked ops: no phases
     assert r["critical_path"]["len"] >= 1
     assert abs(r["step_us"] - (r["critical_path"]["rows"][-1]["done_us"])) < 1e-9
+
+
+def test_raw_trace_keeps_the_table_rebased():
+    """trace_raw.npz's arrays: the table in ns from the first wait (unwritten marks stay 0),
+    each task's kind, and its queue and place there as the program's queues say."""
+    prog, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
+    tr = _fake_trace(prog)
+    raw = raw_trace(prog, tr)
+    assert raw["trace"].shape == tr.shape and raw["trace"][:, 0].min() == 0
+    assert (raw["trace"][:, :3] == tr[:, :3] - 1000).all()
+    assert ((raw["trace"][:, 3:] == 0) == (tr[:, 3:] == 0)).all()
+    assert raw["kind"].tolist() == [task_kind(t) for t in prog.tasks]
+    index = {t.id: i for i, t in enumerate(prog.tasks)}
+    for q, queue in enumerate(prog.queues):
+        for k, tid in enumerate(queue):
+            assert (raw["queue"][index[tid]], raw["qpos"][index[tid]]) == (q, k)
 
 
 def test_compare_two_traces(tmp_path):
