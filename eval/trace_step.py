@@ -44,9 +44,15 @@ def task_kind(t) -> str:
     return f"{op}:{name}" if name else op
 
 
+def queue_order(program) -> list[list[int]]:
+    """Each queue's tasks as indices into program.tasks, in queue order."""
+    index = {t.id: i for i, t in enumerate(program.tasks)}
+    return [[index[tid if isinstance(tid, int) else tid.id] for tid in getattr(queue, "tasks", queue)]
+            for queue in program.queues]
+
+
 def analyse(program, tr: np.ndarray) -> dict:
     tasks = program.tasks
-    index = {t.id: i for i, t in enumerate(tasks)}
     raw = tr.astype(np.int64)
     t0 = int(raw[:, 0].min())
     tr = raw - t0
@@ -59,12 +65,9 @@ def analyse(program, tr: np.ndarray) -> dict:
         producers[t.out_counter].append(i)
     prev = {}
     qpos = {}
-    for q, queue in enumerate(program.queues):
-        ids = getattr(queue, "tasks", queue)
+    for q, order in enumerate(queue_order(program)):
         last = None
-        for k, tid in enumerate(ids):
-            tid = tid if isinstance(tid, int) else tid.id
-            i = index[tid]
+        for k, i in enumerate(order):
             prev[i] = last
             qpos[i] = (q, k)
             last = i
@@ -141,10 +144,8 @@ def raw_trace(program, tr: np.ndarray) -> dict[str, np.ndarray]:
     rebased = np.where(raw > 0, raw - t0, 0)
     queue = np.full(len(program.tasks), -1, dtype=np.int32)
     qpos = np.full(len(program.tasks), -1, dtype=np.int32)
-    index = {t.id: i for i, t in enumerate(program.tasks)}
-    for q, ids in enumerate(program.queues):
-        for k, tid in enumerate(getattr(ids, "tasks", ids)):
-            i = index[tid if isinstance(tid, int) else tid.id]
+    for q, order in enumerate(queue_order(program)):
+        for k, i in enumerate(order):
             queue[i], qpos[i] = q, k
     return {"trace": rebased, "kind": np.array([task_kind(t) for t in program.tasks]), "queue": queue, "qpos": qpos}
 

@@ -604,11 +604,11 @@ class _Lowering:
             self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None)
             self.binary(f"{name}.add", Op.ADD, x, out, x)
 
-    def prefetch_depth(self, cost: list[float]) -> int:
+    def prefetch_depth(self) -> int:
         """ScheduleConfig.prefetch_depth resolved ('auto': 0 for programs of small GEMV tasks)."""
         if self.cfg.prefetch_depth != "auto":
             return self.cfg.prefetch_depth
-        layer_bytes = [c for t, c in zip(self.tasks, cost) if _is_layer_gemv(t)]
+        layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
         return 0 if layer_bytes and max(layer_bytes) <= SMALL_TASK_KB * 1024 else 1
 
     def program(self) -> Program:
@@ -627,7 +627,7 @@ class _Lowering:
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
                          "argmax_splits": self.argmax_splits, "xcds": self.xcds},
-            "vm": {"prefetch_depth": self.prefetch_depth(cost), "prefetch_kb": cfg.prefetch_kb,
+            "vm": {"prefetch_depth": self.prefetch_depth(), "prefetch_kb": cfg.prefetch_kb,
                    "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant},
         }

@@ -14,9 +14,9 @@ cheaper XCD memory scope to every counter whose producers and waiters share one 
 from __future__ import annotations
 
 import heapq
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
-from amk.schedule.ir import DTYPE_BITS, Buffer, Counter, KvMode, Scope, Task
+from amk.schedule.ir import DTYPE_BITS, IMMUTABLE_KINDS, Buffer, Counter, KvMode, Scope, Task
 
 
 def task_bytes(task: Task, buffers: Sequence[Buffer], kv_rows: int) -> float:
@@ -26,6 +26,18 @@ def task_bytes(task: Task, buffers: Sequence[Buffer], kv_rows: int) -> float:
     for o in list(task.inputs) + list(task.outputs):
         n = o.len * o.count * (kv_rows if o.kv == KvMode.PREFIX else 1)
         total += n * DTYPE_BITS[buffers[o.buf].dtype] / 8
+    return total
+
+
+def weight_bytes(task: Task, buffers: Union[Sequence[Buffer], Mapping[int, Buffer]]) -> int:
+    """Bytes of a task's immutable inputs (weights, their scales and zeros, norm weights,
+    tables): what the scheduler may hint into L2 while the task waits. `buffers[o.buf]` is
+    an operand's buffer (a program's list, or a mapping by id)."""
+    total = 0
+    for o in task.inputs:
+        b = buffers[o.buf]
+        if b.kind in IMMUTABLE_KINDS:
+            total += o.len * max(o.count, 1) * DTYPE_BITS[b.dtype] // 8
     return total
 
 

@@ -26,7 +26,7 @@ from amk.vm.loader import (ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYP
 EMU_DIR = Path(__file__).resolve().parent / "emu"
 # the emulator has no register limit: the wide attention score and P.V passes (instructions/attention.cuh),
 # which the every-dtype GPU build leaves out, are compiled in so that the tests run them, the score pass
-# in the form of the float-weight builds (4 heads a block; tests set AMK_ATTN_SCORE_HB=1 for the other)
+# in the form of the float-weight builds (4 heads a block; tests set AMK_ATTN_SCORE_HB to 3 or 1 for the others)
 EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
              "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1",
              "-DAMK_ATTN_SCORE_HB=4")

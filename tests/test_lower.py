@@ -288,13 +288,12 @@ def test_prefetch_depth_auto_is_off_for_small_gemv_tasks():
     from amk.schedule.importer import spec_from_hf_config
     from amk.schedule.importer.hf_config import normalize
     from amk.schedule.lower import LM_HEAD_STAGE
-    from amk.schedule.placement import task_costs
+    from amk.schedule.placement import weight_bytes
 
     def resolved(shape, **cfg):
         spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
         p = lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
-        cost = task_costs(p.tasks, p.buffers, p.kv_capacity)
-        largest = max(c for t, c in zip(p.tasks, cost)
+        largest = max(weight_bytes(t, p.buffers) for t in p.tasks
                       if t.params.op == Op.GEMV and not t.name.startswith(LM_HEAD_STAGE))
         return p.meta["vm"]["prefetch_depth"], largest
 

@@ -36,7 +36,6 @@ from typing import Optional
 import numpy as np
 import torch
 from amk.schedule.ir import (
-    DTYPE_BITS,
     IMMUTABLE_KINDS,
     MAX_INPUTS,
     MAX_OUTPUTS,
@@ -49,6 +48,7 @@ from amk.schedule.ir import (
     ValidationResult,
 )
 from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
+from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 from amk.vm.progress import StepProgress
 
@@ -273,6 +273,7 @@ class PackedProgram:
         words = 0
         gemv_wdtypes: set[DType] = set()
         hint_min_bytes = int(_vm_meta(program).get("prefetch_min_kb", 0)) * 1024  # smaller GEMVs: no hints
+        by_id = {b.id: b for b in program.buffers}
         x_pad_shift: dict[DType, int] = {}  # per weight dtype (reads $AMK_VM_DEFINES once, not per task)
         for i, t in enumerate(program.tasks):
             rec = recs[i]
@@ -288,18 +289,18 @@ class PackedProgram:
             rec["out_scope"] = int(program.counters[rec["out_counter"]].scope)
             rec["n_in"], rec["n_out"], rec["n_wait"] = len(t.inputs), len(t.outputs), len(t.waits)
             rec["role"][:] = -1
-            mask = weight_bytes = 0
+            mask = 0
             for s, (role, o) in enumerate(zip(iroles, t.inputs)):
                 rec["role"][ROLE_CODE[role]] = s
                 self._operand(rec["in"][s], o)
                 if p.op == Op.GEMV and role in GEMV_PREFETCH_ROLES:
-                    b = program.buffers[self.buffer_index[o.buf]]
-                    if b.kind not in IMMUTABLE_KINDS:
+                    if program.buffers[self.buffer_index[o.buf]].kind not in IMMUTABLE_KINDS:
                         raise VMRefused(f"task {t.id} {t.name!r}: GEMV {role} must be a WEIGHT or CONST buffer "
                                         "(the kernel streams it through the read-only path)")
                     mask |= 1 << s
-                    weight_bytes += o.len * max(o.count, 1) * DTYPE_BITS[b.dtype] // 8
-            rec["prefetch_in"] = mask if weight_bytes >= hint_min_bytes else 0
+            if mask and hint_min_bytes and weight_bytes(t, by_id) < hint_min_bytes:
+                mask = 0
+            rec["prefetch_in"] = mask
             for s, o in enumerate(t.outputs):
                 self._operand(rec["out"][s], o)
             for s, w in enumerate(t.waits):
