@@ -46,6 +46,7 @@ struct AmkCtx {
   int* status;     // device status block (AmkStatusIndex)
   int queue;
   unsigned long long* trace_row;  // AMK_TRACE builds: this task's row of the trace table
+  unsigned long long* marks;      // AMK_TRACE builds: its phase marks until body done (shared memory)
 };
 
 // Trace columns per task (AMK_TRACE builds): wait start, wait met, op done (its counter
@@ -60,9 +61,13 @@ struct AmkCtx {
 #ifndef AMK_DIAG_TWICE
 #define AMK_DIAG_TWICE 0
 #endif
+#define AMK_TRACE_MARKS 3
 #ifdef AMK_TRACE
+// Held in shared memory (as is "wait met") and written to the trace row with body done: a
+// global store inside an op could wait behind the memory system and move the times after it
+// (eval/PERF_NOTES.md item 98).
 AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
-  if (threadIdx.x == 0) c.trace_row[3 + k] = amk_timer_ns();
+  if (threadIdx.x == 0) c.marks[k] = amk_timer_ns();
 }
 #else
 AMK_DEVICE void amk_trace_mark(const AmkCtx&, int) {}

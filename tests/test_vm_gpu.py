@@ -157,6 +157,27 @@ def test_specialized_build_is_the_same():
     assert special.generate(PROMPT[:4], 5) == generic.generate(PROMPT[:4], 5)
 
 
+def test_trace_rows_are_ordered_and_marked():
+    """A traced step (CudaVM(trace=True)): per task wait start <= wait met <= each phase mark
+    <= body done <= op done, with the marks that every GEMV and attention op records present
+    (they are held in shared memory and written with body done), and the logits unchanged."""
+    from amk.schedule.ir import Op
+
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16")
+    traced, plain = cuda_vm(prog, t, specialize=True, trace=True), cuda_vm(prog, t, specialize=True)
+    assert torch.equal(traced.logits_for(PROMPT), plain.logits_for(PROMPT))
+    tr = traced.trace().numpy()
+    start, met, done, body = tr[:, 0], tr[:, 1], tr[:, 2], tr[:, 6]
+    assert (start > 0).all() and (start <= met).all() and (met <= body).all() and (body <= done).all()
+    for task, row in zip(prog.tasks, tr):
+        marks = row[3:6]
+        marked = marks[marks > 0]
+        assert ((met[task.id] <= marked) & (marked <= body[task.id])).all(), task.name
+        assert (marked[1:] >= marked[:-1]).all(), task.name
+        if task.params.op in (Op.GEMV, Op.ATTN_PARTIAL, Op.ATTN_COMBINE):
+            assert marks[0] > 0 and marks[1] > 0, f"{task.name}: phase marks missing"
+
+
 def test_device_memory_accounts_for_every_buffer():
     """weights + kv + other cover every buffer of the program once, and the overhead is the
     non-weight, non-KV share."""

@@ -123,6 +123,10 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
+#ifdef AMK_TRACE
+  struct AmkMarks { unsigned long long met, t[AMK_TRACE_MARKS]; };  // written to the row at body done
+  AMK_BLOCK_SHARED(AmkMarks, s_marks);
+#endif
 
   AmkCtx c;
   c.t = &s_task;
@@ -132,6 +136,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.status = status;
   c.queue = blockIdx.x;
   c.trace_row = nullptr;
+  c.marks = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
@@ -156,7 +161,11 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     // the op by the time it took to issue (6 us per 508 KB gate/up slab).
 #ifdef AMK_TRACE
     c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
-    if (threadIdx.x == 0) c.trace_row[0] = amk_timer_ns();
+    c.marks = s_marks.t;
+    if (threadIdx.x == 0) {
+      c.trace_row[0] = amk_timer_ns();
+      for (int k = 0; k < AMK_TRACE_MARKS; ++k) s_marks.t[k] = 0;  // 0 = not marked
+    }
 #endif
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
@@ -168,7 +177,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                           &s_waiting);
     }
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) c.trace_row[1] = amk_timer_ns();
+    if (threadIdx.x == 0) s_marks.met = amk_timer_ns();
 #endif
     amk_syncthreads();
     if (!s_go) break;
@@ -176,7 +185,11 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     amk_dispatch(c);
     amk_syncthreads();
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) c.trace_row[AMK_TRACE_BODY_DONE] = amk_timer_ns();
+    if (threadIdx.x == 0) {
+      c.trace_row[AMK_TRACE_BODY_DONE] = amk_timer_ns();
+      c.trace_row[1] = s_marks.met;
+      for (int k = 0; k < AMK_TRACE_MARKS; ++k) c.trace_row[3 + k] = s_marks.t[k];
+    }
 #endif
     if (threadIdx.x == 0) amk_release_add(&counters[out_counter], 1u, out_scope);
 #ifdef AMK_TRACE
