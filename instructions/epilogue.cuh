@@ -40,50 +40,6 @@ AMK_DEVICE float amk_epi_stage_word(const AmkCtx& c, const AmkEpiStage& s, int i
   return __int_as_float(amk_read_pos(c, amk_in(c, AMK_ROLE_POS)));
 }
 
-// Row-local epilogues (STORE, ADD, APPEND, SILU_MUL): output row r depends only on its own
-// accumulator(s), so the GEMV's warp that finished row r can store it at once, while the
-// other warps stream theirs, instead of the block storing every row after the rows' barrier
-// (AMK_GEMV_ROW_EPI; eval/PERF_NOTES.md item 97). RoPE pairs rows of other warps: not local.
-AMK_DEVICE bool amk_epilogue_row_local(int ep) {
-  return ep == AMK_EPILOGUE_STORE || ep == AMK_EPILOGUE_ADD || ep == AMK_EPILOGUE_APPEND || ep == AMK_EPILOGUE_SILU_MUL;
-}
-
-// Stores the output rows r, r + step, ... < rows of a row-local epilogue from their
-// accumulators (acc, element (r, j) at r*m + j as amk_epilogue's). PAIR: the epilogue is
-// SILU_MUL (m = 2), else STORE, ADD or APPEND. staged: the operands amk_epi_stage_of names in
-// shared memory, or nullptr (read them here). Callers split the rows among threads.
-template <bool PAIR>
-AMK_DEVICE void amk_epilogue_rows(const AmkCtx& c, const float* acc, int r, int step, int rows, const float* staged) {
-  const AmkTask& t = *c.t;
-  const int ep = t.ip[AMK_P_EPILOGUE];
-  const AmkOperand& y = t.out[0];
-  const AmkBuffer& yb = amk_buf(c, y);
-  const int dt = yb.dtype;
-  if constexpr (PAIR) {
-    if constexpr (AMK_WITH_EPILOGUE(AMK_EPILOGUE_SILU_MUL))
-      for (; r < rows; r += step)
-        amk_store(yb, amk_flat(y, r),
-                  amk_mul(amk_round(dt, amk_silu(amk_round(dt, acc[2 * r]))), amk_round(dt, acc[2 * r + 1])));
-  } else if constexpr (AMK_WITH_EPILOGUE(AMK_EPILOGUE_STORE) || AMK_WITH_EPILOGUE(AMK_EPILOGUE_ADD) ||
-                       AMK_WITH_EPILOGUE(AMK_EPILOGUE_APPEND)) {
-    const AmkEpiStage es = amk_epi_stage_of(t);
-    int pos = 0;
-    if (es.has_pos) {
-      pos = staged ? __float_as_int(staged[es.values()]) : amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
-      if (!amk_check_pos(c, pos)) return;
-    }
-    const bool bias = AMK_EPI_BIAS && t.ip[AMK_P_HAS_BIAS] != 0, add = ep == AMK_EPILOGUE_ADD;
-    for (; r < rows; r += step) {
-      float a = acc[r];
-      if (bias) a = amk_add(a, staged ? staged[es.n_res + r] : amk_in_at(c, amk_in(c, AMK_ROLE_BIAS), r));
-      a = amk_round(dt, a);
-      if (add)  // read before the (in-place) store
-        a = amk_add(staged ? staged[r] : amk_in_at(c, amk_in(c, AMK_ROLE_RESIDUAL), r), a);
-      amk_store(yb, amk_out_index(y, yb, pos, r), a);
-    }
-  }
-}
-
 // acc: rows*m fp32 accumulators in shared memory (element (r, j) at r*m + j, j=0 gate or
 // plain, j=1 up), written by this block and complete (a barrier precedes the call).
 // staged: the operands amk_epi_stage_of names, in shared memory, or nullptr (read them here).
@@ -94,12 +50,6 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
   const AmkOperand& y = t.out[0];
   const AmkBuffer& yb = amk_buf(c, y);
   const AmkEpiStage es = amk_epi_stage_of(t);
-  const bool compiled = ep >= 0 && ep < 32 && AMK_WITH_EPILOGUE(ep);  // else reported as unknown below
-  if (compiled && amk_epilogue_row_local(ep)) {
-    if (ep == AMK_EPILOGUE_SILU_MUL) amk_epilogue_rows<true>(c, acc, threadIdx.x, blockDim.x, rows, staged);
-    else amk_epilogue_rows<false>(c, acc, threadIdx.x, blockDim.x, rows, staged);
-    return;
-  }
   int pos = 0;
   if (es.has_pos) {
     pos = staged ? __float_as_int(staged[es.values()]) : amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
@@ -110,7 +60,30 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
   const float* bias_s = staged ? staged + es.n_res : nullptr;
   auto bias_at = [&](amk_i64 i) { return bias_s ? bias_s[i] : amk_in_at(c, *bias, i); };
   const int dt = yb.dtype;
+  const bool compiled = ep >= 0 && ep < 32 && AMK_WITH_EPILOGUE(ep);  // else reported as unknown below
   switch (compiled ? ep : -1) {
+    case AMK_EPILOGUE_STORE:
+    case AMK_EPILOGUE_ADD:
+    case AMK_EPILOGUE_APPEND: {
+      if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_STORE) && !AMK_WITH_EPILOGUE(AMK_EPILOGUE_ADD) &&
+                    !AMK_WITH_EPILOGUE(AMK_EPILOGUE_APPEND))
+        break;
+      const AmkOperand* res = ep == AMK_EPILOGUE_ADD ? &amk_in(c, AMK_ROLE_RESIDUAL) : nullptr;
+      for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        float a = acc[r];
+        if (bias) a = amk_add(a, bias_at(r));
+        a = amk_round(dt, a);
+        if (res) a = amk_add(staged ? staged[r] : amk_in_at(c, *res, r), a);  // read before the (in-place) store
+        amk_store(yb, amk_out_index(y, yb, pos, r), a);
+      }
+      break;
+    }
+    case AMK_EPILOGUE_SILU_MUL:
+      if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_SILU_MUL)) break;
+      for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        amk_store(yb, amk_flat(y, r),
+                  amk_mul(amk_round(dt, amk_silu(amk_round(dt, acc[2 * r]))), amk_round(dt, acc[2 * r + 1])));
+      break;
     case AMK_EPILOGUE_ROPE:
     case AMK_EPILOGUE_ROPE_APPEND: {
       if constexpr (!AMK_WITH_EPILOGUE(AMK_EPILOGUE_ROPE) && !AMK_WITH_EPILOGUE(AMK_EPILOGUE_ROPE_APPEND)) break;

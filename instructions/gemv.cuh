@@ -29,9 +29,6 @@
 #ifndef AMK_DIAG_Q_NO_W_LOADS
 #define AMK_DIAG_Q_NO_W_LOADS 0
 #endif
-#ifndef AMK_GEMV_ROW_EPI  // 1: row-local epilogues run by each warp after its rows (amk_gemv_row_epi)
-#define AMK_GEMV_ROW_EPI 1
-#endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
@@ -63,14 +60,6 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 // The epilogue operands the prologue stages (none when a REDUCE task runs the epilogue).
 AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
-}
-
-// Whether a warp stores its own rows' outputs as soon as it has finished them, while the other
-// warps still stream (a row-local epilogue without split-K), instead of the block storing them
-// all after the rows' barrier (AMK_GEMV_ROW_EPI; eval/PERF_NOTES.md item 97).
-AMK_DEVICE bool amk_gemv_row_epi(const AmkTask& t) {
-  const int ep = t.ip[AMK_P_EPILOGUE];
-  return AMK_GEMV_ROW_EPI && t.ip[AMK_P_SPLIT_K] <= 1 && amk_epilogue_row_local(ep) && AMK_WITH_EPILOGUE(ep);
 }
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
@@ -335,10 +324,9 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// Returns the rows a warp takes at a time (its rows are warp * n + j * nwarps * n + i, i < n).
 template <int DT, bool PAIR>
-AMK_DEVICE int amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
-                             float* acc, int rows, int K) {
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
+                              float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
@@ -354,7 +342,7 @@ AMK_DEVICE int amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float*
         if (PAIR) acc[r * m + 1] = a2;
       }
     }
-    return per_warp;
+    return;
   }
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
@@ -365,23 +353,22 @@ AMK_DEVICE int amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float*
       if (PAIR) acc[r * m + 1] = a2;
     }
   }
-  return 1;
 }
 
-// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES): the rows a warp
-// takes at a time (amk_gemv_rows), or 0 if not compiled.
+// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
-AMK_DEVICE int amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
-                                const float* xsums, float* acc, int rows, int K) {
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+                                 const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    return true;
   } else {
-    return 0;
+    return false;
   }
 }
 
 template <bool PAIR>
-AMK_DEVICE int amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
                                   const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
     case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
@@ -389,7 +376,7 @@ AMK_DEVICE int amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const fl
     case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    default: return 0;
+    default: return false;
   }
 }
 
@@ -455,22 +442,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-  const int per_warp = m == 2 ? amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K)
-                              : amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
-  if (per_warp == 0) {
+  bool ok;
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+  if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;
-  }
-  if (amk_gemv_row_epi(t)) {  // each warp stores its own rows now, while the others still stream
-    amk_syncwarp();           // (its lanes' sums)
-    const int lane = amk_lane(), nw = amk_nwarps();
-    const int r = amk_warp() * per_warp + lane / per_warp * nw * per_warp + lane % per_warp;
-    if (m == 2) amk_epilogue_rows<true>(c, acc, r, AMK_WARP_SIZE * nw, rows, epi);
-    else amk_epilogue_rows<false>(c, acc, r, AMK_WARP_SIZE * nw, rows, epi);
-    if (AMK_GEMV_ROW_EPI >= 2) {  // no block barrier after the rows: the megakernel's, before the release, covers
-      amk_trace_mark(c, 1);       // the stores, and the warps that finish first run the code after it first
-      return;
-    }
   }
   amk_syncthreads();
   amk_trace_mark(c, 1);  // rows done
@@ -479,7 +456,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const AmkOperand& y = t.out[0];
     const AmkBuffer& yb = amk_buf(c, y);
     for (int e = threadIdx.x; e < rows * m; e += blockDim.x) amk_store(yb, amk_flat(y, e), acc[e]);
-  } else if (!amk_gemv_row_epi(t)) {  // (read again: a flag kept live across the rows spilled)
+  } else {
     amk_epilogue(c, acc, rows, epi);
 #if AMK_DIAG_TWICE
     amk_syncthreads();
