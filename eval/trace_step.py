@@ -15,6 +15,11 @@ wait, its kind, queue and place in the queue), for questions the summary does no
 
 prints two such traces side by side (no GPU needed): per task kind the in-op phases and
 the critical path's op and hop time, "before -> after".
+
+    python3 -m amk.eval.trace_step --contention DIR/trace_raw.npz
+
+prints, per task kind, the time from its rows-done mark to body done by how many other tasks
+of its stage were still streaming then (`contention`; no GPU needed).
 """
 from __future__ import annotations
 
@@ -150,6 +155,44 @@ def raw_trace(program, tr: np.ndarray) -> dict[str, np.ndarray]:
     return {"trace": rebased, "kind": np.array([task_kind(t) for t in program.tasks]), "queue": queue, "qpos": qpos}
 
 
+# "how many other tasks of its stage still streamed" buckets of `contention`
+CONTENTION_BUCKETS = ((0, 0), (1, 10), (11, 40), (41, 1 << 30))
+
+
+def contention(raw: dict[str, np.ndarray], mark: int = 1) -> dict[str, list[tuple[str, int, float]]]:
+    """Per task kind with phase mark `mark` (GEMV: 1 = rows done): the mean time from that mark
+    to body done, in us, by how many other tasks of the same stage instance (a run of
+    consecutive tasks of the kind, in task order) were still between their previous mark and
+    this one at that moment: [(bucket, tasks, mean us)]. Shows whether a phase is slow only
+    while the rest of the chip streams (eval/PERF_NOTES.md item 100)."""
+    tr, kinds = raw["trace"].astype(np.float64) / 1e3, raw["kind"]
+    col = 3 + mark
+    out: dict[str, list[tuple[str, int, float]]] = {}
+    start = 0
+    groups: dict[str, list[np.ndarray]] = defaultdict(list)
+    for i in range(1, len(kinds) + 1):
+        if i == len(kinds) or kinds[i] != kinds[start]:
+            groups[str(kinds[start])].append(np.arange(start, i))
+            start = i
+    for kind, runs in groups.items():
+        if mark == 0 or not (tr[runs[0], col] > 0).all():
+            continue
+        busy, tail = [], []
+        for g in runs:
+            at = tr[g, col]
+            busy += [int(np.sum((tr[g, col - 1] < t) & (at > t))) for t in at]
+            tail += list(tr[g, BODY_DONE_COL] - at)
+        busy_a, tail_a = np.array(busy), np.array(tail)
+        rows = []
+        for lo, hi in CONTENTION_BUCKETS:
+            sel = (busy_a >= lo) & (busy_a <= hi)
+            if sel.any():
+                rows.append((f"{lo}" if lo == hi else f"{lo}+" if hi >= 1 << 30 else f"{lo}-{hi}",
+                             int(sel.sum()), float(tail_a[sel].mean())))
+        out[kind] = rows
+    return out
+
+
 def median_step(path: str) -> dict:
     """The median-length traced step of a trace_step.json (the one main() reports)."""
     with open(path) as f:
@@ -230,6 +273,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), default=None,
                     help="print two trace_step.json files side by side and exit (no GPU needed)")
+    ap.add_argument("--contention", metavar="RAW", default=None,
+                    help="a trace_raw.npz: per task kind, the time from its rows-done mark to body done by how many "
+                    "other tasks of its stage were still streaming (no GPU needed)")
     ap.add_argument("--shape", default="llama-3.2-1b")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
@@ -241,6 +287,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.compare:
         print("\n".join(compare(*map(median_step, a.compare))))
+        return
+    if a.contention:
+        with np.load(a.contention, allow_pickle=False) as f:
+            raw = {k: f[k] for k in f.files}
+        print("after the rows-done mark until body done, mean us, by other tasks of the stage still streaming:")
+        for kind, rows in sorted(contention(raw).items()):
+            print(f"  {kind[:44]:44s} " + "  ".join(f"[{b}] n={n} {us:.2f}" for b, n, us in rows))
         return
     if a.define:
         export_defines(a.define)

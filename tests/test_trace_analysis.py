@@ -103,3 +103,24 @@ def test_release_column():
     from amk.eval.trace_step import compare
 
     assert any("counter release" in line for line in compare(r6, r7))
+
+
+def test_contention_buckets_by_stage_run():
+    """`contention`: per kind, mark 1 -> body done grouped by how many other tasks of the same
+    run of consecutive tasks were between their marks 0 and 1 at that moment."""
+    from amk.eval.trace_step import contention
+
+    # two runs of kind "g" (3 tasks, then 2) split by a task of kind "a"; columns: ws wm done m0 m1 m2 body
+    rows = [  # run 1: task 0 ends its rows at 10 while tasks 1, 2 still stream; 1 at 20 with 2 streaming; 2 last
+        (0, 0, 0, 1, 10, 0, 15), (0, 0, 0, 1, 20, 0, 22), (0, 0, 0, 1, 30, 0, 31),
+        (0, 0, 0, 0, 0, 0, 5),
+        (0, 0, 0, 1, 40, 0, 44), (0, 0, 0, 1, 50, 0, 51),  # run 2: 40 (one streaming), 50 (none)
+    ]
+    raw = {"trace": np.array(rows, dtype=np.int64) * 1000,
+           "kind": np.array(["g", "g", "g", "a", "g", "g"])}
+    got = contention(raw)
+    assert set(got) == {"g"}  # "a" has no mark 1
+    by_bucket = {b: (n, us) for b, n, us in got["g"]}
+    assert by_bucket["0"] == (2, pytest.approx(1.0))  # tasks 2 and 5: 1 us each
+    n, us = by_bucket["1-10"]  # tasks 0 (2 streaming, 5 us), 1 (1, 2 us), 4 (1, 4 us)
+    assert n == 3 and us == pytest.approx(11 / 3)
