@@ -213,12 +213,11 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
                                  AmkXPad xp, const float* xsums, int r, bool valid, int K, int L, int sub, float& a1,
-                                 float& a2, int v_lo = 0, int v_hi = -1) {
+                                 float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-  // the row's vectors [v_lo, v_hi) (v_hi < 0: to the end, with the scalar K tail)
-  const int whole = v_hi < 0, nvec = !valid ? 0 : whole ? K / F::VEC : v_hi, xstride = F::VEC + xp.pad;
+  const int nvec = valid ? K / F::VEC : 0, xstride = F::VEC + xp.pad;  // x floats a vector takes
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
@@ -229,7 +228,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   }
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
-  for (int v0 = v_lo + sub; v0 < nvec; v0 += L * U) {
+  for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
     unsigned sc1[U], sc2[U], z1[U], z2[U];  // raw bits
 #pragma unroll
@@ -284,7 +283,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
       }
     }
   }
-  if (valid && whole) {
+  if (valid) {
     for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
       const float x = xs[xp.at(col)];
       s1 += amk_w_at(w, r, col) * x;
@@ -325,103 +324,23 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// The rows left after whole rounds of the block (rows % nwarps, a warp a row) make a few warps
-// stream one more row while the others idle: the task lasts as long as its busiest warp
-// (eval/PERF_NOTES.md item 101). With AMK_GEMV_TAIL_SPLIT those rows' vectors are instead
-// cut into nwarps contiguous pieces (at most two rows' parts a warp), each warp's partial sums
-// go to shared memory (`part`: the U4 x-sums' words, unused with float weights), and the
-// block adds each row's pieces in warp order. Only where that takes the busiest warp fewer
-// rounds of loads than one whole row (8B gate/up: 3 against 4; the 1B's rows are 2 rounds).
-#ifndef AMK_GEMV_TAIL_SPLIT
-#define AMK_GEMV_TAIL_SPLIT 1
-#endif
-
-// Rounds of loads a warp makes for the flattened tail vectors [f0, f1) (rows of nvec).
-AMK_DEVICE int amk_tail_rounds(int f0, int f1, int nvec, int per_round) {
-  int n = 0;
-  for (int f = f0; f < f1;) {
-    const int lo = f % nvec, hi = min(nvec, lo + (f1 - f));
-    n += (hi - lo + per_round - 1) / per_round;
-    f += hi - lo;
-  }
-  return n;
-}
-
-// Whether to split the tail (block-uniform): float weights, a whole warp a row, room in `part`.
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_split_tail(int rows, int K, int L, int part_words) {
-  using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4;
-  const int nw = amk_nwarps(), tail = rows % nw, nvec = K / F::VEC;
-  if (!AMK_GEMV_TAIL_SPLIT || Q || L != AMK_WARP_SIZE || tail == 0 || K % F::VEC != 0 || part_words < nw * 2 * 3)
-    return false;
-  const int per_round = L * AmkGemvUnroll<DT, PAIR>::value, whole = (nvec + per_round - 1) / per_round;
-  int worst = 0;
-  for (int wi = 0; wi < nw; ++wi) {
-    const int n = amk_tail_rounds(wi * tail * nvec / nw, (wi + 1) * tail * nvec / nw, nvec, per_round);
-    worst = n > worst ? n : worst;
-  }
-  return worst < whole;
-}
-
-// The tail rows' sums: each row's pieces (part: per warp two (row, a1, a2) slots, row -1 =
-// none) added in warp order, after the barrier that publishes them.
-template <bool PAIR>
-AMK_DEVICE void amk_gemv_tail_sums(const float* part, float* acc, int body, int rows) {
-  constexpr int m = PAIR ? 2 : 1;
-  amk_syncthreads();
-  const int t = threadIdx.x;
-  if (t < rows - body) {
-    float s1 = 0.0f, s2 = 0.0f;
-    for (int q = 0; q < amk_nwarps() * 2; ++q)
-      if (part[q * 3] == (float)t) s1 += part[q * 3 + 1], s2 += part[q * 3 + 2];
-    acc[(body + t) * m] = s1;
-    if (PAIR) acc[(body + t) * m + 1] = s2;
-  }
-}
-
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, float* xsums,
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
-    constexpr bool FLOAT_W = DT != AMK_DTYPE_I8 && DT != AMK_DTYPE_U4;  // (the tail split's only weights)
-    const bool split = FLOAT_W && amk_gemv_split_tail<DT, PAIR>(rows, K, L, (int)amk_round4(K / AMK_XSUM_CHUNK));
-    const int nw = amk_nwarps(), body = split ? rows - rows % nw : rows, nvec = K / AmkWFmt<DT>::VEC;
-    const int tail_vecs = FLOAT_W ? (rows - body) * nvec : 0, f_end = (amk_warp() + 1) * tail_vecs / nw;
-    int f = amk_warp() * tail_vecs / nw, piece = 0;  // this warp's tail vectors [f, f_end), flattened
-    // one call site (one inlined copy of the row loop): the warp's body rows, then its tail pieces
 #pragma unroll 1
-    for (int r0 = amk_warp() * per_warp;; r0 += nw * per_warp) {  // warp-uniform
-      const bool in_body = !FLOAT_W || r0 < body;
-      if (!in_body && f >= f_end) break;
-      if (!FLOAT_W && r0 >= rows) break;
-      const int t = f / nvec, lo = f % nvec, hi = min(nvec, lo + (f_end - f));
-      const int r = in_body ? r0 + amk_lane() / L : body + t;
+    for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
+      const int r = r0 + amk_lane() / L;
       float a1, a2;
-      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xp, xsums, r, !in_body || r < body, K, L, sub, a1, a2,
-                                 in_body ? 0 : lo, in_body ? -1 : hi);
-      if (in_body) {
-        if (sub == 0 && r < body) {
-          acc[r * m] = a1;
-          if (PAIR) acc[r * m + 1] = a2;
-        }
-      } else {
-        if (amk_lane() == 0) {
-          float* slot = xsums + (amk_warp() * 2 + piece) * 3;  // (the U4 x-sums' words, free with float weights)
-          slot[0] = (float)t, slot[1] = a1, slot[2] = a2;
-        }
-        ++piece;
-        f += hi - lo;
+      amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xp, xsums, r, r < rows, K, L, sub, a1, a2);
+      if (sub == 0 && r < rows) {
+        acc[r * m] = a1;
+        if (PAIR) acc[r * m + 1] = a2;
       }
-    }
-    if (FLOAT_W && split) {
-      if (amk_lane() == 0)
-        for (; piece < 2; ++piece) xsums[(amk_warp() * 2 + piece) * 3] = -1.0f;
-      amk_gemv_tail_sums<PAIR>(xsums, acc, body, rows);
     }
     return;
   }
@@ -439,7 +358,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
-                                 float* xsums, float* acc, int rows, int K) {
+                                 const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
     amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     return true;
@@ -450,7 +369,7 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
-                                  float* xsums, float* acc, int rows, int K) {
+                                  const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
     case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);

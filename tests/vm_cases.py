@@ -84,10 +84,6 @@ GEMV_CASES = {
     # a warp's rounds across several rows, one round a row and several (the pipelined loop's
     # row ends: gemv.cuh amk_gemv_rows_pipe)
     "many_rows": GemvCase(rows=300, k=256),
-    # rows % 8 warps left over, shared by all warps in pieces (gemv.cuh AMK_GEMV_TAIL_SPLIT): 5 row
-    # pairs of 8 rounds each as pieces of at most 6 rounds a warp; 3 rows of 4 as pieces of 2
-    "tail_split_pair": GemvCase(rows=13, k=4096, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
-    "tail_split_add": GemvCase(rows=11, k=4096, epilogue=Epilogue.ADD, bias=True),
     "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
 }
