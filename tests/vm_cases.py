@@ -84,6 +84,10 @@ GEMV_CASES = {
     # a warp's rounds across several rows, one round a row and several (the pipelined loop's
     # row ends: gemv.cuh amk_gemv_rows_pipe)
     "many_rows": GemvCase(rows=300, k=256),
+    # long rows left over after whole rounds of the 8 warps (13 = 8 + 5, 11 = 8 + 3; eval/PERF_NOTES.md
+    # items 101-102: the rows phase is the busiest warp's)
+    "tail_rows_pair": GemvCase(rows=13, k=4096, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
+    "tail_rows_add": GemvCase(rows=11, k=4096, epilogue=Epilogue.ADD, bias=True),
     "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
 }
