@@ -167,20 +167,22 @@ def contention(raw: dict[str, np.ndarray], mark: int = 1) -> dict[str, list[tupl
     while the rest of the chip streams (eval/PERF_NOTES.md item 100)."""
     tr, kinds = raw["trace"].astype(np.float64) / 1e3, raw["kind"]
     col = 3 + mark
+    prev = col - 1 if mark > 0 else 1  # the phase before the mark starts at the previous mark, or at "wait met"
     out: dict[str, list[tuple[str, int, float]]] = {}
     start = 0
     groups: dict[str, list[np.ndarray]] = defaultdict(list)
     for i in range(1, len(kinds) + 1):
         if i == len(kinds) or kinds[i] != kinds[start]:
-            groups[str(kinds[start])].append(np.arange(start, i))
+            g = np.arange(start, i)
+            g = g[tr[g, col] > 0]  # tasks that recorded the mark
+            if len(g):
+                groups[str(kinds[start])].append(g)
             start = i
     for kind, runs in groups.items():
-        if mark == 0 or not (tr[runs[0], col] > 0).all():
-            continue
         busy, tail = [], []
         for g in runs:
             at = tr[g, col]
-            busy += [int(np.sum((tr[g, col - 1] < t) & (at > t))) for t in at]
+            busy += [int(np.sum((tr[g, prev] < t) & (at > t))) for t in at]
             tail += list(tr[g, BODY_DONE_COL] - at)
         busy_a, tail_a = np.array(busy), np.array(tail)
         rows = []

@@ -65,7 +65,7 @@ struct AmkCtx {
 #ifdef AMK_TRACE
 // Held in shared memory (as is "wait met") and written to the trace row with body done: a
 // global store inside an op could wait behind the memory system and move the times after it
-// (eval/PERF_NOTES.md item 98).
+// (eval/PERF_NOTES.md item 99).
 AMK_DEVICE void amk_trace_mark(const AmkCtx& c, int k) {
   if (threadIdx.x == 0) c.marks[k] = amk_timer_ns();
 }
