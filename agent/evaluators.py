@@ -50,6 +50,7 @@ from collections import OrderedDict, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from amk.schedule import placement
 from amk.schedule.config import ScheduleConfig
 
 PASS = "pass"
@@ -125,18 +126,15 @@ class CostModel:
         bufs = program.buffers
         pos = max(ctx - 1, 0)
 
-        def nbytes(op, b) -> float:
-            return op.len * max(op.count, 1) * DTYPE_BITS[b.dtype] / 8
-
         w_bytes, kv_bytes = [0.0] * len(program.tasks), [0.0] * len(program.tasks)
         for t in program.tasks:
             p = t.params
+            # immutable inputs (the loader's measure for prefetch_min_kb too); EMBED reads one row
+            w_bytes[t.id] = float(placement.weight_bytes(t, bufs)) if t.op != Op.EMBED else 0.0
             for op in t.inputs:
                 b = bufs[op.buf]
                 if t.op == Op.EMBED and b.kind in IMMUTABLE_KINDS:
                     w_bytes[t.id] += b.shape[-1] * DTYPE_BITS[b.dtype] / 8  # one row
-                elif b.kind in IMMUTABLE_KINDS:
-                    w_bytes[t.id] += nbytes(op, b)
                 elif b.kind == BufferKind.KV_CACHE and op.kv == KvMode.PREFIX:
                     n = pos + 1
                     if t.op == Op.ATTN_PARTIAL:

@@ -17,9 +17,11 @@ prints two such traces side by side (no GPU needed): per task kind the in-op pha
 the critical path's op and hop time, "before -> after".
 
     python3 -m amk.eval.trace_step --contention DIR/trace_raw.npz
+    python3 -m amk.eval.trace_step --rows-phase DIR/trace_raw.npz --shape S --ctx N [--config F]
 
-prints, per task kind, the time from its rows-done mark to body done by how many other tasks
-of its stage were still streaming then (`contention`; no GPU needed).
+print, per task kind, the time from its rows-done mark to body done by how many other tasks
+of its stage were still streaming then (`contention`), and the rows phase by the rows of the
+task (`rows_phase`, the program lowered again on the CPU); no GPU needed.
 """
 from __future__ import annotations
 
@@ -159,15 +161,18 @@ def raw_trace(program, tr: np.ndarray) -> dict[str, np.ndarray]:
 CONTENTION_BUCKETS = ((0, 0), (1, 10), (11, 40), (41, 1 << 30))
 
 
-def contention(raw: dict[str, np.ndarray], mark: int = 1) -> dict[str, list[tuple[str, int, float]]]:
-    """Per task kind with phase mark `mark` (GEMV: 1 = rows done): the mean time from that mark
-    to body done, in us, by how many other tasks of the same stage instance (a run of
-    consecutive tasks of the kind, in task order) were still between their previous mark and
-    this one at that moment: [(bucket, tasks, mean us)]. Shows whether a phase is slow only
-    while the rest of the chip streams (eval/PERF_NOTES.md item 100)."""
+# trace columns of phase marks 0 and 1 (a GEMV's prologue done, rows done)
+MARK0_COL, MARK1_COL = 3, 4
+
+
+def contention(raw: dict[str, np.ndarray]) -> dict[str, list[tuple[str, int, float]]]:
+    """Per task kind with phase mark 1 (a GEMV's rows done): the mean time from that mark to
+    body done, in us, by how many other tasks of the same stage instance (a run of consecutive
+    tasks of the kind, in task order) were still between their marks 0 and 1 at that moment:
+    [(bucket, tasks, mean us)]. Shows whether a phase is slow only while the rest of the chip
+    streams (eval/PERF_NOTES.md item 100)."""
     tr, kinds = raw["trace"].astype(np.float64) / 1e3, raw["kind"]
-    col = 3 + mark
-    prev = col - 1 if mark > 0 else 1  # the phase before the mark starts at the previous mark, or at "wait met"
+    col, prev = MARK1_COL, MARK0_COL
     out: dict[str, list[tuple[str, int, float]]] = {}
     start = 0
     groups: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -193,6 +198,21 @@ def contention(raw: dict[str, np.ndarray], mark: int = 1) -> dict[str, list[tupl
                              int(sel.sum()), float(tail_a[sel].mean())))
         out[kind] = rows
     return out
+
+
+def rows_phase(raw: dict[str, np.ndarray], program) -> dict[tuple[str, int], tuple[int, float]]:
+    """The GEMV rows phase (marks 0 -> 1) per (task kind, rows of the task): (tasks, mean us).
+    `program` is the traced one (the same tasks in the same order, e.g. lowered again on the
+    CPU: `--rows-phase`); a task whose phase is unmarked is left out."""
+    kinds = raw["kind"]
+    if len(program.tasks) != len(kinds) or any(task_kind(t) != k for t, k in zip(program.tasks, kinds)):
+        raise ValueError("the program's tasks are not the traced ones (shape, ctx or config differ)")
+    tr = raw["trace"].astype(np.float64) / 1e3
+    groups: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for i, t in enumerate(program.tasks):
+        if getattr(t.params, "rows", None) is not None and tr[i, MARK0_COL] > 0 and tr[i, MARK1_COL] > 0:
+            groups[(str(kinds[i]), int(t.params.rows))].append(tr[i, MARK1_COL] - tr[i, MARK0_COL])
+    return {k: (len(v), float(np.mean(v))) for k, v in groups.items()}
 
 
 def median_step(path: str) -> dict:
@@ -241,6 +261,29 @@ def export_defines(defines: list[str]) -> None:
     os.environ["AMK_VM_DEFINES"] = ",".join(f"{k}={v}" for k, v in merged.items())
 
 
+def _config(config_path):
+    if not config_path:
+        return None
+    from amk.schedule.config import ScheduleConfig
+
+    return ScheduleConfig.model_validate_json(open(config_path).read())
+
+
+def shape_program(shape: str, ctx: int, config_path, extra_capacity: int, target: str = "h100"):
+    """The program `shape_vm` traces, lowered on the CPU (no weights) for `target`."""
+    from amk.eval.shapes import shape_config
+    from amk.schedule.config import ScheduleConfig
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.schedule.lower import lower
+    from amk.schedule.targets import get_target
+
+    cfg = _config(config_path) or ScheduleConfig()
+    if cfg.dtype is None:
+        cfg = cfg.model_copy(update={"dtype": "bfloat16"})
+    spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
+    return lower(spec, cfg, get_target(target), kv_capacity=ctx + extra_capacity)
+
+
 def shape_vm(shape: str, ctx: int, config_path, extra_capacity: int, **vm_kwargs):
     """(compiled model, CudaVM) of a shape-only model in bf16 with random weights on the GPU,
     its KV cache filled by real steps at positions 0 .. ctx-1, so the next step runs at ctx:
@@ -252,12 +295,8 @@ def shape_vm(shape: str, ctx: int, config_path, extra_capacity: int, **vm_kwargs
 
     spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
     weights = random_weights_like(spec, "cuda", "bfloat16", 0)
-    config = None
-    if config_path:
-        from amk.schedule.config import ScheduleConfig
-
-        config = ScheduleConfig.model_validate_json(open(config_path).read())
-    mk = amk.api.compile(loaded=(spec, weights), config=config, dtype="bfloat16", kv_capacity=ctx + extra_capacity)
+    mk = amk.api.compile(loaded=(spec, weights), config=_config(config_path), dtype="bfloat16",
+                         kv_capacity=ctx + extra_capacity)
     t = time.time()
     vm = CudaVM(mk.program, mk.tensors, device="cuda", validation=mk.validation, **vm_kwargs)
     print(f"built the VM in {time.time() - t:.1f}s; {len(mk.program.tasks)} tasks on {len(mk.program.queues)} queues")
@@ -278,6 +317,9 @@ def main() -> None:
     ap.add_argument("--contention", metavar="RAW", default=None,
                     help="a trace_raw.npz: per task kind, the time from its rows-done mark to body done by how many "
                     "other tasks of its stage were still streaming (no GPU needed)")
+    ap.add_argument("--rows-phase", metavar="RAW", default=None,
+                    help="a trace_raw.npz of --shape/--ctx/--config: the GEMV rows phase per task kind and rows "
+                    "of the task (the program lowered again on the CPU for an H100; no GPU needed)")
     ap.add_argument("--shape", default="llama-3.2-1b")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
@@ -289,6 +331,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.compare:
         print("\n".join(compare(*map(median_step, a.compare))))
+        return
+    if a.rows_phase:
+        with np.load(a.rows_phase, allow_pickle=False) as f:
+            raw = {k: f[k] for k in f.files}
+        print("GEMV rows phase (prologue done -> rows done), mean us, by task kind and rows:")
+        for (kind, rows), (n, us) in sorted(rows_phase(raw, shape_program(a.shape, a.ctx, a.config, 76)).items()):
+            print(f"  {kind[:44]:44s} rows {rows:6d}  n={n:6d}  {us:9.2f}")
         return
     if a.contention:
         with np.load(a.contention, allow_pickle=False) as f:

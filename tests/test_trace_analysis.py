@@ -124,3 +124,20 @@ def test_contention_buckets_by_stage_run():
     assert by_bucket["0"] == (2, pytest.approx(1.0))  # tasks 2 and 5: 1 us each
     n, us = by_bucket["1-10"]  # tasks 0 (2 streaming, 5 us), 1 (1, 2 us), 4 (1, 4 us)
     assert n == 3 and us == pytest.approx(11 / 3)
+
+
+def test_rows_phase_by_task_rows():
+    """`rows_phase`: the marks 0 -> 1 time of each GEMV, grouped by kind and the task's rows;
+    a program whose tasks are not the traced ones is refused."""
+    from amk.eval.trace_step import rows_phase
+
+    prog, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=7)
+    raw = raw_trace(prog, _fake_trace(prog))
+    got = rows_phase(raw, prog)
+    gemv_rows = [t.params.rows for t in prog.tasks if task_kind(t).startswith("2")]
+    assert sum(n for n, _ in got.values()) == len(gemv_rows)
+    assert {rows for _, rows in got} == set(gemv_rows) and len(set(gemv_rows)) > 1  # 300 rows in 7 slabs
+    assert all(us == pytest.approx(0.4) for _, us in got.values())
+    other, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
+    with pytest.raises(ValueError, match="not the traced ones"):
+        rows_phase(raw, other)

@@ -332,14 +332,14 @@ def test_pack_program_tables():
 def test_pack_prefetch_min_kb_leaves_small_gemv_tasks_unhinted():
     """prefetch_min_kb: a GEMV task whose weight operands total less than it gets an empty hint
     mask; the others keep theirs (their weight slots), and 0 hints every GEMV task."""
+    from amk.schedule.placement import weight_bytes
     from vm_cases import lowered
 
     def masks(**cfg):
         prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)
         pk = loader.PackedProgram(prog)
         gemv = [(t, int(rec["prefetch_in"])) for rec, t in zip(pk.tasks, prog.tasks) if t.op == Op.GEMV]
-        sizes = [t.inputs[0].len * t.inputs[0].count * 2 * (2 if t.params.epilogue == Epilogue.SILU_MUL else 1)
-                 for t, _ in gemv]  # bf16 weights, w (and w2)
+        sizes = [weight_bytes(t, prog.buffers) for t, _ in gemv]  # the loader's measure: immutable inputs
         return [m for _, m in gemv], sizes
 
     every, sizes = masks()
