@@ -4,12 +4,14 @@
 
 #include <memory>
 
-extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, const int* queue_tasks,
-                              const AmkBuffer* bufs, unsigned* counters, int* status, const int* host_abort,
-                              unsigned epoch, unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth,
-                              int nblocks, int nthreads) {
+extern "C" int amk_emu_launch(const AmkTask* records, const int* queue_start, const AmkBuffer* bufs, int n_bufs,
+                              unsigned* counters, int* status, const int* host_abort, unsigned epoch,
+                              unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth, int nblocks,
+                              int nthreads) {
+  // dynamic shared memory as the GPU launch sizes it: the buffer table, then the ops'
+  const int launch_smem = n_bufs * (int)sizeof(AmkBuffer) + smem_bytes;
   std::vector<std::unique_ptr<AmkEmuBlock>> blocks;
-  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, smem_bytes));
+  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, launch_smem));
   std::vector<std::thread> threads;
   threads.reserve((size_t)nblocks * nthreads);
   for (int b = 0; b < nblocks; ++b)
@@ -19,7 +21,7 @@ extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, cons
         blockIdx = {(unsigned)b, 0, 0};
         blockDim = {(unsigned)nthreads, 1, 1};
         amk_emu_block = blocks[b].get();
-        amk_megakernel(tasks, queue_start, queue_tasks, bufs, counters, status, host_abort, epoch, spin_timeout_ns,
+        amk_megakernel(records, queue_start, bufs, n_bufs, counters, status, host_abort, epoch, spin_timeout_ns,
                        smem_bytes, prefetch_depth);
       });
   for (auto& th : threads) th.join();
