@@ -256,9 +256,8 @@ class PackedProgram:
     tasks: TASK_DTYPE [n_tasks]; queue_start: int32 [n_queues + 1]; queue_tasks: int32
     (task indices, queue after queue); records: the tasks in that order (what the device
     walks: queue entry i is records[i]); producers: tasks signalling each counter per step;
-    buffer_index: Buffer.id -> row of the buffer table; smem_bytes: the ops' dynamic shared
-    memory (the largest task's need); table_bytes: the buffer table's, which the launch adds
-    after it."""
+    buffer_index: Buffer.id -> row of the buffer table; smem_bytes: the launch's dynamic
+    shared memory (the largest task's need; the buffer table's copy is static, AMK_TABLE_SLOTS)."""
 
     def __init__(self, program: Program):
         self.program = program
@@ -313,7 +312,7 @@ class PackedProgram:
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype])
             words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype]))
         self.tasks = recs
-        self.smem_bytes = 16 * -(-words // 4)  # whole 16-byte pieces: the buffer table follows
+        self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
@@ -324,12 +323,6 @@ class PackedProgram:
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
         self.records = recs[self.queue_tasks]
-        self.table_bytes = len(program.buffers) * BUFFER_DTYPE.itemsize
-
-    @property
-    def launch_smem_bytes(self) -> int:
-        """The launch's dynamic shared memory: the buffer table every block holds, then the ops'."""
-        return self.table_bytes + self.smem_bytes
 
     def _operand(self, dst: np.ndarray, o) -> None:
         dst["off"], dst["stride"], dst["len"], dst["count"] = o.off, o.stride, o.len, o.count
@@ -561,11 +554,11 @@ class CudaVM:
             raise VMRefused("this device does not support cooperative launches")
         static = self._kernel.attributes["shared_size_bytes"]
         optin = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, idx)
-        smem = self.packed.launch_smem_bytes
+        smem = self.packed.smem_bytes
         if smem + static > optin:
-            raise VMRefused(f"the largest task needs {self.packed.smem_bytes} B of shared memory, the buffer table "
-                            f"{self.packed.table_bytes} B (+{static} static); the device allows {optin} per block")
-        if smem > 48 * 1024:
+            raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static, the buffer table "
+                            f"among it); the device allows {optin} per block")
+        if smem + static > 48 * 1024:  # the default limit holds for static plus dynamic
             self._kernel.max_dynamic_shared_size_bytes = smem
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
         sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, idx)
@@ -637,7 +630,7 @@ class CudaVM:
             args = args + (np.uint64(self._trace.data_ptr()),)
         with cp.cuda.Device(self.device.index):
             self._kernel((len(self.program.queues),), (self.program.threads_per_block,), args,
-                         shared_mem=self.packed.launch_smem_bytes, stream=self._cupy_stream(stream))
+                         shared_mem=self.packed.smem_bytes, stream=self._cupy_stream(stream))
         self.epoch += 1
         ev = torch.cuda.Event()
         ev.record(stream)

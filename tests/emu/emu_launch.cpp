@@ -8,10 +8,8 @@ extern "C" int amk_emu_launch(const AmkTask* records, const int* queue_start, co
                               unsigned* counters, int* status, const int* host_abort, unsigned epoch,
                               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth, int nblocks,
                               int nthreads) {
-  // dynamic shared memory as the GPU launch sizes it: the buffer table, then the ops'
-  const int launch_smem = n_bufs * (int)sizeof(AmkBuffer) + smem_bytes;
   std::vector<std::unique_ptr<AmkEmuBlock>> blocks;
-  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, launch_smem));
+  for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, smem_bytes));
   std::vector<std::thread> threads;
   threads.reserve((size_t)nblocks * nthreads);
   for (int b = 0; b < nblocks; ++b)
