@@ -534,8 +534,8 @@ AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, i
 // While the partial waits for this step's q/k/v: hint the L2 to fetch the split's K and V
 // rows, so that its loads after the wait hit L2 instead of HBM. A hint only (the prefetch
 // cannot change what a load returns), so reading pos and the rows before the wait is safe
-// even though the step appends one row. t: the record in the global table (the task may not
-// be the one in shared memory); bufs: the buffer table; threads tid < nthr; stops when *keep_going drops to 0.
+// even though the step appends one row. t and bufs: the global tables (the task may not be
+// the one in shared memory); threads tid < nthr; stops when *keep_going drops to 0.
 AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, int tid, int nthr,
                                        const volatile int* keep_going) {
   const int rp = t->role[AMK_ROLE_POS], rk = t->role[AMK_ROLE_K], rv = t->role[AMK_ROLE_V];

@@ -67,8 +67,7 @@ def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDL
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     dll = ctypes.CDLL(str(lib))
     dll.amk_emu_launch.restype = ctypes.c_int
-    dll.amk_emu_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_void_p] * 3
-                                   + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4)
+    dll.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
     _LIBS[key] = dll
     return dll
 
@@ -88,7 +87,7 @@ class EmuVM:
             else:
                 t = torch.empty((b.numel + 1) // 2 if b.dtype == DType.U4 else b.numel, dtype=TORCH_DTYPE[b.dtype])
             self.tensors[b.name] = t
-        self._tables = self.packed.records.copy()
+        self._tables = self.packed.tasks.copy()
         self._buffers = self.packed.buffer_table({b.id: self.tensors[b.name].data_ptr() for b in program.buffers})
         self._counters = np.zeros(max(len(program.counters), 1), dtype=np.uint32)
         self._status = np.zeros(STATUS_WORDS, dtype=np.int32)
@@ -116,9 +115,9 @@ class EmuVM:
                 self.tensors[name][0] = value
         ptr = lambda a: a.ctypes.data  # noqa: E731
         self.lib.amk_emu_launch(ptr(self._tables), ptr(self.packed.queue_start),
-                                ptr(self._buffers), len(self.program.buffers), ptr(self._counters), ptr(self._status),
-                                ptr(self._abort), self.epoch, int(self.spin_timeout_s * 1e9), self.packed.smem_bytes,
-                                self.prefetch_depth,
+                                ptr(self.packed.queue_tasks if self.packed.queue_tasks.size else self._status),
+                                ptr(self._buffers), ptr(self._counters), ptr(self._status), ptr(self._abort),
+                                self.epoch, int(self.spin_timeout_s * 1e9), self.packed.smem_bytes, self.prefetch_depth,
                                 len(self.program.queues), self.program.threads_per_block)
         self.epoch += 1
         code = int(self._status[0])

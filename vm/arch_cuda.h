@@ -73,16 +73,6 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
 // Hint the L2 to fetch the line holding p (immutable data only).
 AMK_DEVICE void amk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// 16 bytes global -> shared memory without a register (cp.async, sm_80+): the bytes land at
-// some point before the issuing thread's amk_copy_async_wait_all. The scheduler loop copies
-// the next task's record this way while the current op runs (vm/megakernel.cu).
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-AMK_DEVICE void amk_copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-AMK_DEVICE void amk_copy_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // ---------------------------------------------------------------- warps
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }
 AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }

@@ -52,12 +52,6 @@ AMK_DEVICE unsigned long long amk_timer_ns() { return __builtin_amdgcn_s_memreal
 // gfx9 has no L2 prefetch instruction: weights are fetched on first touch.
 AMK_DEVICE void amk_prefetch_l2(const void*) {}
 
-// The asynchronous 16-byte copy of vm/arch_cuda.h, done at once (a plain load and store):
-// the bytes are there before amk_copy_async_wait_all, as the protocol asks.
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) { *(int4*)smem = *(const int4*)gmem; }
-AMK_DEVICE void amk_copy_async_commit() {}
-AMK_DEVICE void amk_copy_async_wait_all() {}
-
 // ---------------------------------------------------------------- wavefronts
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, AMK_WARP_SIZE); }
 AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor(v, mask, AMK_WARP_SIZE); }

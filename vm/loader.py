@@ -254,10 +254,9 @@ class PackedProgram:
     """The device tables of a Program as numpy arrays (no GPU needed).
 
     tasks: TASK_DTYPE [n_tasks]; queue_start: int32 [n_queues + 1]; queue_tasks: int32
-    (task indices, queue after queue); records: the tasks in that order (what the device
-    walks: queue entry i is records[i]); producers: tasks signalling each counter per step;
+    (task indices, queue after queue); producers: tasks signalling each counter per step;
     buffer_index: Buffer.id -> row of the buffer table; smem_bytes: the launch's dynamic
-    shared memory (the largest task's need; the buffer table's copy is static, AMK_TABLE_SLOTS)."""
+    shared memory (the largest task's need)."""
 
     def __init__(self, program: Program):
         self.program = program
@@ -317,12 +316,10 @@ class PackedProgram:
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
-                        "AMK_TABLE_SLOTS": table_slots(len(program.buffers)),
                         **_score_block_define(program, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
-        self.records = recs[self.queue_tasks]
 
     def _operand(self, dst: np.ndarray, o) -> None:
         dst["off"], dst["stride"], dst["len"], dst["count"] = o.off, o.stride, o.len, o.count
@@ -410,23 +407,12 @@ def knob_defines(program: Program) -> dict[str, int]:
     return out
 
 
-DEFAULT_TABLE_SLOTS = 512  # vm/megakernel.cu AMK_TABLE_SLOTS when no define sets it
-
-
-def table_slots(n_buffers: int) -> int:
-    """The shared-memory buffer table's size for a program of n_buffers (AMK_TABLE_SLOTS): a
-    power of two, at least 64, so that programs of similar size share a build."""
-    return max(64, 1 << max(n_buffers - 1, 0).bit_length())
-
-
 def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *, specialize: bool = True,
                   trace: bool = False, experiments: Optional[dict[str, int]] = None) -> dict[str, int]:
     """Every build define the CudaVM compiles `program` with: the dtype specialization
     (PackedProgram.defines, unless `specialize` is off), AMK_TRACE, the program's knobs
     (knob_defines) and the experiments (default: $AMK_VM_DEFINES), later ones winning."""
     defines = dict((packed or PackedProgram(program)).defines) if specialize else {}
-    if not specialize and len(program.buffers) > DEFAULT_TABLE_SLOTS:  # the generic build's table is too small
-        defines["AMK_TABLE_SLOTS"] = table_slots(len(program.buffers))
     if trace:
         defines["AMK_TRACE"] = 1
     defines.update(knob_defines(program))
@@ -495,8 +481,10 @@ class CudaVM:
         self.tensors: dict[str, torch.Tensor] = {}
         self._alloc(tensors)
         dev = self.device
-        self._records = _bytes_to_device(self.packed.records, dev)
+        self._tasks = _bytes_to_device(self.packed.tasks, dev)
         self._queue_start = torch.from_numpy(self.packed.queue_start).to(dev)
+        self._queue_tasks = torch.from_numpy(self.packed.queue_tasks if self.packed.queue_tasks.size else
+                                             np.zeros(1, np.int32)).to(dev)
         ptrs = {b.id: self.tensors[b.name].data_ptr() for b in program.buffers}
         self._buffer_table = _bytes_to_device(self.packed.buffer_table(ptrs), dev)
         self._counters = torch.zeros(max(len(program.counters), 1), dtype=torch.int32, device=dev)
@@ -556,9 +544,9 @@ class CudaVM:
         optin = rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, idx)
         smem = self.packed.smem_bytes
         if smem + static > optin:
-            raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static, the buffer table "
-                            f"among it); the device allows {optin} per block")
-        if smem + static > 48 * 1024:  # the default limit holds for static plus dynamic
+            raise VMRefused(f"the largest task needs {smem} B of shared memory (+{static} static); "
+                            f"the device allows {optin} per block")
+        if smem > 48 * 1024:
             self._kernel.max_dynamic_shared_size_bytes = smem
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self._kernel.kernel.ptr, threads, smem)
         sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, idx)
@@ -620,8 +608,8 @@ class CudaVM:
         cp = self._cupy
         stream = torch.cuda.current_stream(self.device)
         args = (
-            np.uint64(self._records.data_ptr()), np.uint64(self._queue_start.data_ptr()),
-            np.uint64(self._buffer_table.data_ptr()), np.int32(len(self.program.buffers)),
+            np.uint64(self._tasks.data_ptr()), np.uint64(self._queue_start.data_ptr()),
+            np.uint64(self._queue_tasks.data_ptr()), np.uint64(self._buffer_table.data_ptr()),
             np.uint64(self._counters.data_ptr()), np.uint64(self._status.data_ptr()), np.uint64(self._abort_ptr),
             np.uint32(self.epoch & 0xFFFFFFFF), np.uint64(int(self.spin_timeout_s * 1e9)),
             np.int32(self.packed.smem_bytes), np.int32(self.prefetch_depth),
@@ -657,7 +645,8 @@ class CudaVM:
         for b in self.program.buffers:
             kind = "weights" if b.kind in IMMUTABLE_KINDS else "kv" if b.kind == BufferKind.KV_CACHE else "other"
             add(kind, self.tensors[b.name])
-        for t in (self._records, self._queue_start, self._buffer_table, self._counters, self._status, self._trace):
+        for t in (self._tasks, self._queue_start, self._queue_tasks, self._buffer_table, self._counters, self._status,
+                  self._trace):
             add("other", t)
         base = total["weights"] + total["kv"]
         return dict(total, overhead_pct=100.0 * total["other"] / base if base else 0.0)
@@ -669,10 +658,7 @@ class CudaVM:
         if self._trace is None:
             raise VMRefused("tracing is off: construct CudaVM(..., trace=True)")
         torch.cuda.synchronize(self.device)
-        rows = self._trace.cpu()  # queue order on the device
-        out = torch.zeros_like(rows)
-        out[torch.from_numpy(self.packed.queue_tasks).long()] = rows[:len(self.packed.queue_tasks)]
-        return out
+        return self._trace.cpu()
 
     def _cupy_stream(self, stream: torch.cuda.Stream):
         """CuPy's view of a torch stream (cached: one wrapper per stream)."""

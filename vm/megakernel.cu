@@ -1,7 +1,6 @@
 // The AMK megakernel: one persistent block per queue walks its tasks in order.
 //
-// Per task:  its record, copied to shared memory while the previous op ran (asynchronously,
-//            two slots; the buffer table is in shared memory from the start) -> thread 0 spins
+// Per task:  copy the record and its buffer descriptors to shared memory -> thread 0 spins
 //            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
 //            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
 //            -> barrier -> thread 0 releases +1 on the task's out_counter.
@@ -54,8 +53,8 @@ static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
 // partial's KV rows too, instructions/attention.cuh), spread over
 // threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
-// then on the op's own loads fetch the rest). Reads the record from the global table (it may
-// be a task further down the queue); `bufs`: the buffer table.
+// then on the op's own loads fetch the rest). Reads the record from the global table: it may
+// be a task further down the queue.
 AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
                                   int nthr, const volatile int* keep_going) {
   if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
@@ -110,48 +109,18 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
   return true;
 }
 
-// Buffers a program may have: every block holds the buffer table in shared memory, at a
-// compile-time address (the ops address it through AmkCtx::bufs; a runtime offset cost a
-// register and spilled). The loader's builds size it to the program (loader.table_slots).
-#ifndef AMK_TABLE_SLOTS
-#define AMK_TABLE_SLOTS 512
-#endif
-struct alignas(16) AmkBufferTable {
-  AmkBuffer b[AMK_TABLE_SLOTS];
-};
-
-// A task's record as the scheduler loop copies it: 16-byte pieces into a 16-byte aligned slot.
-struct alignas(16) AmkRecordSlot {
-  AmkTask t;
-};
-static_assert(sizeof(AmkTask) % 16 == 0 && sizeof(AmkBuffer) % 16 == 0, "tables copy in 16-byte pieces");
-
-// Start copying `n` bytes (a multiple of 16) from global to shared memory, thread i the pieces
-// i, i + blockDim.x, ...: each thread's pieces are there after its amk_copy_async_wait_all.
-AMK_DEVICE void amk_fetch_async(void* dst, const void* src, int n) {
-  for (int i = threadIdx.x; i < n / 16; i += blockDim.x) amk_copy16_async((char*)dst + 16 * i, (const char*)src + 16 * i);
-  amk_copy_async_commit();
-}
-
-// Move this thread's pieces (amk_fetch_async's) of a record from `from` to `to`.
-AMK_DEVICE void amk_move_own_pieces(AmkRecordSlot* to, const AmkRecordSlot* from) {
-  for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 16); i += blockDim.x)
-    ((float4*)to)[i] = ((const float4*)from)[i];
-}
-
 extern "C" AMK_KERNEL(AMK_BLOCK_THREADS, AMK_MIN_BLOCKS)
-amk_megakernel(const AmkTask* __restrict__ records, const int* __restrict__ queue_start,
-               const AmkBuffer* __restrict__ bufs, int n_bufs, unsigned* counters, int* status,
-               const int* host_abort, unsigned epoch, unsigned long long spin_timeout_ns, int smem_bytes,
-               int prefetch_depth
+amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_start,
+               const int* __restrict__ queue_tasks, const AmkBuffer* __restrict__ bufs,
+               unsigned* counters, int* status, const int* host_abort, unsigned epoch,
+               unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth
 #ifdef AMK_TRACE
-               , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS] in queue order: wait start, wait met, op done, marks, body done (ns)
+               , unsigned long long* trace  // [ntasks, AMK_TRACE_COLS]: wait start, wait met, op done, marks, body done (ns)
 #endif
                ) {
-  AMK_DYNAMIC_SHARED(amk_dyn_smem);  // the ops' own
-  AMK_BLOCK_SHARED(AmkBufferTable, s_table);
-  AMK_BLOCK_SHARED(AmkRecordSlot, s_rec);   // the running task's record
-  AMK_BLOCK_SHARED(AmkRecordSlot, s_next);  // the next one's, arriving while it runs
+  AMK_DYNAMIC_SHARED(amk_dyn_smem);
+  AMK_BLOCK_SHARED(AmkTask, s_task);
+  AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
 #ifdef AMK_TRACE
@@ -160,8 +129,8 @@ amk_megakernel(const AmkTask* __restrict__ records, const int* __restrict__ queu
 #endif
 
   AmkCtx c;
-  c.t = &s_rec.t;
-  c.bufs = s_table.b;
+  c.t = &s_task;
+  c.bufs = s_bufs.b;
   c.smem = (float*)amk_dyn_smem;
   c.smem_words = smem_bytes / 4;
   c.status = status;
@@ -169,35 +138,29 @@ amk_megakernel(const AmkTask* __restrict__ records, const int* __restrict__ queu
   c.trace_row = nullptr;
   c.marks = nullptr;
 
-  // The records sit in queue order (the loader's), and operands name buffers of the table,
-  // which every block holds in shared memory: the next record is one asynchronous copy,
-  // issued while the current op runs, so a block that gave a stage's last signal polls its
-  // next wait without the two dependent global round trips it took (record, descriptors:
-  // ~0.8 us on the critical path at most hops; eval/PERF_NOTES.md item 103).
-  if (n_bufs > AMK_TABLE_SLOTS) {  // the loader sizes the table; a mismatched build stops here
-    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SMEM, n_bufs, AMK_TABLE_SLOTS);
-    return;
-  }
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-  amk_fetch_async(s_table.b, bufs, n_bufs * (int)sizeof(AmkBuffer));
-  if (q0 < q1) amk_fetch_async(&s_next, records + q0, (int)sizeof(AmkTask));
   for (int qi = q0; qi < q1; ++qi) {
-    // Each thread moves only the pieces it fetched itself, so neither the move nor the next
-    // fetch into s_next (after the barrier) races with another thread's; the previous op
-    // read s_rec last, before its closing barrier.
-    amk_copy_async_wait_all();
-    amk_move_own_pieces(&s_rec, &s_next);
-    if (threadIdx.x == 0) s_waiting = 1;
+    const int* src = (const int*)(tasks + queue_tasks[qi]);
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
     amk_syncthreads();
-    if (qi + 1 < q1) amk_fetch_async(&s_next, records + qi + 1, (int)sizeof(AmkTask));
-    const int out_counter = s_rec.t.out_counter, out_scope = s_rec.t.out_scope;
+    // The task's buffer descriptors move to shared memory before the wait (operand slot s
+    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
+    if ((int)threadIdx.x < n_ops) {
+      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
+      s_bufs.b[threadIdx.x] = bufs[o.buf];
+      o.buf = threadIdx.x;
+    }
+    if (threadIdx.x == 0) s_waiting = 1;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
+    amk_syncthreads();
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
     // when the wait is over: a prefetch that ran to completion before a short wait delayed
     // the op by the time it took to issue (6 us per 508 KB gate/up slab).
 #ifdef AMK_TRACE
-    c.trace_row = trace + (long long)AMK_TRACE_COLS * qi;
+    c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
     c.marks = s_marks.t;
     if (threadIdx.x == 0) {
       c.trace_row[0] = amk_timer_ns();
@@ -208,19 +171,16 @@ amk_megakernel(const AmkTask* __restrict__ records, const int* __restrict__ queu
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
       *(volatile int*)&s_waiting = 0;
     } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
-      // (the queue's start re-read here, not kept: the generic build has no register to spare)
-      const int first = qi == queue_start[blockIdx.x] ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
       for (int a = first; a < last; ++a)
-        amk_prefetch_task(records + a, s_table.b, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE, &s_waiting);
+        amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
+                          &s_waiting);
     }
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) s_marks.met = amk_timer_ns();
 #endif
     amk_syncthreads();
-    if (!s_go) {
-      amk_copy_async_wait_all();  // nothing left in flight into shared memory at exit
-      break;
-    }
+    if (!s_go) break;
 
     amk_dispatch(c);
     amk_syncthreads();

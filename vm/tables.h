@@ -151,6 +151,11 @@ struct AmkBuffer {
   int pad;
 };
 
+// The buffer descriptors of one task, by operand slot (in[0..n_in) then out[..]): the
+// megakernel's shared-memory copy for the running task.
+struct AmkTaskBuffers {
+  AmkBuffer b[AMK_MAX_INPUTS + AMK_MAX_OUTPUTS];
+};
 
 // ---------------------------------------------------------------- status block
 // A small device int32 array the kernel reports into; the host reads it after each step.

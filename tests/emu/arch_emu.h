@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -32,7 +30,8 @@ struct alignas(16) float4 {
 };
 
 struct AmkEmuBlock {
-  explicit AmkEmuBlock(int threads, int smem_bytes) : bar(threads), exch(threads), dyn(smem_bytes / 16 + 1) {
+  explicit AmkEmuBlock(int threads, int smem_bytes)
+      : bar(threads), exch(threads), dyn(smem_bytes / 16 + 1), arena(8192) {
     for (int w = 0; w < threads / AMK_WARP_SIZE; ++w) warp_bars.emplace_back(new std::barrier<>(AMK_WARP_SIZE));
   }
   ~AmkEmuBlock() {
@@ -42,9 +41,7 @@ struct AmkEmuBlock {
   std::vector<std::barrier<>*> warp_bars;
   std::vector<unsigned> exch;
   std::vector<float4> dyn;
-  // AMK_BLOCK_SHARED variables, each allocated (zeroed, 16-byte aligned) by its first user
-  std::once_flag once[128];
-  std::unique_ptr<float4[]> vars[128];
+  std::vector<float4> arena;  // AMK_BLOCK_SHARED variables, 1 KiB each
 };
 
 inline thread_local amk_dim3 threadIdx, blockIdx, blockDim;
@@ -52,10 +49,8 @@ inline thread_local AmkEmuBlock* amk_emu_block;
 
 template <typename T, int ID>
 inline T& amk_emu_shared() {
-  static_assert(ID < 128, "too many emulated block-shared variables");
-  AmkEmuBlock* b = amk_emu_block;
-  std::call_once(b->once[ID], [b] { b->vars[ID].reset(new float4[(sizeof(T) + 15) / 16]()); });
-  return *reinterpret_cast<T*>(b->vars[ID].get());
+  static_assert(sizeof(T) <= 1024 && ID < 128, "emulated block-shared variable too large");
+  return *reinterpret_cast<T*>(reinterpret_cast<char*>(amk_emu_block->arena.data()) + ID * 1024);
 }
 #define AMK_BLOCK_SHARED(type, name) type& name = amk_emu_shared<type, __COUNTER__>()
 #define AMK_DYNAMIC_SHARED(name) float4* name = amk_emu_block->dyn.data()
@@ -77,23 +72,6 @@ AMK_DEVICE void amk_prefetch_l2(const void*) {}
 AMK_DEVICE int atomicCAS(int* p, int cmp, int val) {
   __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;
-}
-
-// The asynchronous 16-byte copy: held back until the issuing thread's wait, so that a read
-// of the destination before amk_copy_async_wait_all sees the old bytes, as it may on a GPU.
-struct AmkEmuCopy {
-  void* dst;
-  const void* src;
-};
-inline thread_local std::vector<AmkEmuCopy> amk_emu_copies;
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) {
-  if (((uintptr_t)smem | (uintptr_t)gmem) % 16) __builtin_trap();  // cp.async faults on misalignment
-  amk_emu_copies.push_back({smem, gmem});
-}
-AMK_DEVICE void amk_copy_async_commit() {}
-AMK_DEVICE void amk_copy_async_wait_all() {
-  for (const AmkEmuCopy& c : amk_emu_copies) memcpy(c.dst, c.src, 16);
-  amk_emu_copies.clear();
 }
 
 // ---------------------------------------------------------------- barriers and warps

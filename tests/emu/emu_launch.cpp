@@ -4,10 +4,10 @@
 
 #include <memory>
 
-extern "C" int amk_emu_launch(const AmkTask* records, const int* queue_start, const AmkBuffer* bufs, int n_bufs,
-                              unsigned* counters, int* status, const int* host_abort, unsigned epoch,
-                              unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth, int nblocks,
-                              int nthreads) {
+extern "C" int amk_emu_launch(const AmkTask* tasks, const int* queue_start, const int* queue_tasks,
+                              const AmkBuffer* bufs, unsigned* counters, int* status, const int* host_abort,
+                              unsigned epoch, unsigned long long spin_timeout_ns, int smem_bytes, int prefetch_depth,
+                              int nblocks, int nthreads) {
   std::vector<std::unique_ptr<AmkEmuBlock>> blocks;
   for (int b = 0; b < nblocks; ++b) blocks.emplace_back(new AmkEmuBlock(nthreads, smem_bytes));
   std::vector<std::thread> threads;
@@ -19,7 +19,7 @@ extern "C" int amk_emu_launch(const AmkTask* records, const int* queue_start, co
         blockIdx = {(unsigned)b, 0, 0};
         blockDim = {(unsigned)nthreads, 1, 1};
         amk_emu_block = blocks[b].get();
-        amk_megakernel(records, queue_start, bufs, n_bufs, counters, status, host_abort, epoch, spin_timeout_ns,
+        amk_megakernel(tasks, queue_start, queue_tasks, bufs, counters, status, host_abort, epoch, spin_timeout_ns,
                        smem_bytes, prefetch_depth);
       });
   for (auto& th : threads) th.join();
