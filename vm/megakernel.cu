@@ -41,6 +41,11 @@
 #ifndef AMK_SPIN_NS_PER_SIGNAL
 #define AMK_SPIN_NS_PER_SIGNAL 64
 #endif
+// Experiment (0 = off): while the counter moved since the last poll (its producers' burst of
+// last signals), sleep at most this long, however many signals are still missing.
+#ifndef AMK_SPIN_MOVING_NS
+#define AMK_SPIN_MOVING_NS 0
+#endif
 // KiB of a task's immutable inputs hinted into L2 during its wait (ScheduleConfig.prefetch_kb):
 // the first rounds of its loads. The whole slab (8 MiB) filled the memory system with hints
 // that the latency-bound stages' loads waited behind (8B 7.00 -> 6.80 ms at 64).
@@ -86,13 +91,25 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
     if ((int)(v - target) >= 0) continue;
     const unsigned long long t0 = amk_timer_ns();
     unsigned iter = 0;
+#if AMK_SPIN_MOVING_NS
+    bool moved = false;
+#endif
     for (;;) {
       const unsigned missing = target - v;  // > 0 here (modulo 2^32, like the thresholds)
       unsigned ns = AMK_SPIN_MAX_NS;
       if (missing < AMK_SPIN_MAX_NS / AMK_SPIN_NS_PER_SIGNAL) ns = missing * AMK_SPIN_NS_PER_SIGNAL;
+#if AMK_SPIN_MOVING_NS
+      if (moved && ns > AMK_SPIN_MOVING_NS) ns = AMK_SPIN_MOVING_NS;
+#endif
       amk_nanosleep(ns < AMK_SPIN_MIN_NS ? AMK_SPIN_MIN_NS : ns);
+#if AMK_SPIN_MOVING_NS
+      const unsigned seen = v;
+#endif
       v = amk_ld_acquire(p, wt.scope);
       if ((int)(v - target) >= 0) break;
+#if AMK_SPIN_MOVING_NS
+      moved = v != seen;
+#endif
       if ((++iter & 63) == 0) {  // every 64 polls: give up on another block's error, an abort, the budget
         if (amk_ld_volatile(&c.status[AMK_ST_CODE]) != 0) return false;
         if (host_abort != nullptr && amk_ld_volatile(host_abort) != 0) {
