@@ -18,10 +18,12 @@ the critical path's op and hop time, "before -> after".
 
     python3 -m amk.eval.trace_step --contention DIR/trace_raw.npz
     python3 -m amk.eval.trace_step --rows-phase DIR/trace_raw.npz --shape S --ctx N [--config F]
+    python3 -m amk.eval.trace_step --hops DIR/trace_raw.npz --shape S --ctx N [--config F]
 
 print, per task kind, the time from its rows-done mark to body done by how many other tasks
 of its stage were still streaming then (`contention`), and the rows phase by the rows of the
-task (`rows_phase`, the program lowered again on the CPU); no GPU needed.
+task (`rows_phase`, the program lowered again on the CPU), and per stage edge how long after
+its last producer the consumers' waits were met (`hops`); no GPU needed.
 """
 from __future__ import annotations
 
@@ -204,15 +206,71 @@ def rows_phase(raw: dict[str, np.ndarray], program) -> dict[tuple[str, int], tup
     """The GEMV rows phase (marks 0 -> 1) per (task kind, rows of the task): (tasks, mean us).
     `program` is the traced one (the same tasks in the same order, e.g. lowered again on the
     CPU: `--rows-phase`); a task whose phase is unmarked is left out."""
+    _same_tasks(raw, program)
     kinds = raw["kind"]
-    if len(program.tasks) != len(kinds) or any(task_kind(t) != k for t, k in zip(program.tasks, kinds)):
-        raise ValueError("the program's tasks are not the traced ones (shape, ctx or config differ)")
     tr = raw["trace"].astype(np.float64) / 1e3
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
     for i, t in enumerate(program.tasks):
         if getattr(t.params, "rows", None) is not None and tr[i, MARK0_COL] > 0 and tr[i, MARK1_COL] > 0:
             groups[(str(kinds[i]), int(t.params.rows))].append(tr[i, MARK1_COL] - tr[i, MARK0_COL])
     return {k: (len(v), float(np.mean(v))) for k, v in groups.items()}
+
+
+def _same_tasks(raw: dict[str, np.ndarray], program) -> None:
+    kinds = raw["kind"]
+    if len(program.tasks) != len(kinds) or any(task_kind(t) != k for t, k in zip(program.tasks, kinds)):
+        raise ValueError("the program's tasks are not the traced ones (shape, ctx or config differ)")
+
+
+def hops(raw: dict[str, np.ndarray], program) -> dict:
+    """What a hop between stages is made of (eval/PERF_NOTES.md items 103-104). For each
+    consumer, its binding wait is the counter whose last producer finished its body last; per
+    edge (that counter's name with numbers as '#', the consumer's kind):
+    - `met_us`: median and p90 of wait met minus that last body done, over all consumers;
+    - `late`: the share of consumers that began waiting only after it (their own previous task
+      was still running or releasing: the poll back-off played no part in their hop);
+    - `last_met_us` / `last_late`: the same for the consumer that finished last at each counter
+      (the one that carries the stage's critical path), mean and share;
+    and `turnover_us`: median, p10 and p90 of a task's wait start minus its queue predecessor's
+    op done (its release included), over all tasks that have one. `program`: the traced one."""
+    _same_tasks(raw, program)
+    tr = raw["trace"].astype(np.float64) / 1e3
+    has_body = tr.shape[1] > BODY_DONE_COL
+    body = tr[:, BODY_DONE_COL] if has_body else tr[:, 2]
+    recorded = body > 0
+    names = {c.id: re.sub(r"\d+", "#", c.name or str(c.id)) for c in program.counters}
+    last_done: dict[int, float] = {}
+    for i, t in enumerate(program.tasks):
+        if recorded[i]:
+            last_done[t.out_counter] = max(last_done.get(t.out_counter, -1.0), body[i])
+    met: dict[tuple[str, str], list[float]] = defaultdict(list)
+    late: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    by_counter: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i, t in enumerate(program.tasks):
+        waits = [w.counter for w in t.waits if w.counter in last_done]
+        if not recorded[i] or not waits:
+            continue
+        c = max(waits, key=lambda w: last_done[w])
+        key = (names[c], task_kind(t))
+        met[key].append(tr[i, 1] - last_done[c])
+        late[key].append(bool(tr[i, 0] > last_done[c]))
+        by_counter[(c, key[1])].append(i)
+    last_met: dict[tuple[str, str], list[float]] = defaultdict(list)
+    last_late: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    for (c, kind), members in by_counter.items():
+        j = max(members, key=lambda i: body[i])
+        last_met[(names[c], kind)].append(tr[j, 1] - last_done[c])
+        last_late[(names[c], kind)].append(bool(tr[j, 0] > last_done[c]))
+    edges = {k: {"n": len(v), "met_us": (float(np.median(v)), float(np.percentile(v, 90))),
+                 "late": float(np.mean(late[k])), "last_met_us": float(np.mean(last_met[k])),
+                 "last_late": float(np.mean(last_late[k]))} for k, v in met.items()}
+    turnover = []
+    for order in queue_order(program):
+        for prev, i in zip(order, order[1:]):
+            if recorded[prev] and recorded[i]:
+                turnover.append(tr[i, 0] - tr[prev, 2])
+    return {"edges": edges, "turnover_us": tuple(float(x) for x in np.percentile(turnover, [50, 10, 90]))
+            if turnover else None}
 
 
 def median_step(path: str) -> dict:
@@ -320,6 +378,9 @@ def main() -> None:
     ap.add_argument("--rows-phase", metavar="RAW", default=None,
                     help="a trace_raw.npz of --shape/--ctx/--config: the GEMV rows phase per task kind and rows "
                     "of the task (the program lowered again on the CPU for an H100; no GPU needed)")
+    ap.add_argument("--hops", metavar="RAW", default=None,
+                    help="a trace_raw.npz of --shape/--ctx/--config: per stage edge, how long after its last "
+                    "producer the consumers' waits were met, and how many began waiting only after it (no GPU needed)")
     ap.add_argument("--shape", default="llama-3.2-1b")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=3, help="traced steps (the median-length one is reported)")
@@ -338,6 +399,19 @@ def main() -> None:
         print("GEMV rows phase (prologue done -> rows done), mean us, by task kind and rows:")
         for (kind, rows), (n, us) in sorted(rows_phase(raw, shape_program(a.shape, a.ctx, a.config, 76)).items()):
             print(f"  {kind[:44]:44s} rows {rows:6d}  n={n:6d}  {us:9.2f}")
+        return
+    if a.hops:
+        with np.load(a.hops, allow_pickle=False) as f:
+            raw = {k: f[k] for k in f.files}
+        h = hops(raw, shape_program(a.shape, a.ctx, a.config, 76))
+        if h["turnover_us"]:
+            print("turnover (queue predecessor released -> wait start), us: median %.2f, p10 %.2f, p90 %.2f"
+                  % h["turnover_us"])
+        print("wait met after the counter's last producer, us (median | p90 | share of late starters); "
+              "the consumer that finished last (mean | late share):")
+        for (counter, kind), e in sorted(h["edges"].items()):
+            print(f"  {counter[:28]:28s} -> {kind[:40]:40s} n={e['n']:6d}  {e['met_us'][0]:5.2f} | "
+                  f"{e['met_us'][1]:5.2f} | {e['late']:4.2f}   last {e['last_met_us']:5.2f} | {e['last_late']:4.2f}")
         return
     if a.contention:
         with np.load(a.contention, allow_pickle=False) as f:

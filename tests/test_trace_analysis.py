@@ -141,3 +141,38 @@ def test_rows_phase_by_task_rows():
     other, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5)
     with pytest.raises(ValueError, match="not the traced ones"):
         rows_phase(raw, other)
+
+
+def test_hops_by_stage_edge():
+    """`hops`: per (counter, consumer kind), wait met minus the counter's last producer body
+    done, the share of consumers that began waiting after it, the same for the consumer that
+    finished last, and each task's turnover after its queue predecessor's release."""
+    from amk.eval.trace_step import hops
+
+    prog, _ = lm_head_program(vocab=300, hidden=96, tiles=2, slabs=3)
+    # columns: wait start, wait met, op done, marks 0-2, body done (us); queues [[0,3,6],[1,4,7],[2,5]]
+    rows = [  # each task begins waiting after its queue predecessor's op done
+        (0.0, 0.1, 1.4, 0, 0, 0, 1.0),  # embed[0]
+        (0.0, 0.1, 2.4, 0, 0, 0, 2.0),  # embed[48]: the embed counter's last producer, body done at 2.0
+        (0.5, 2.5, 3.4, 0, 0, 0, 3.0),  # norm[0]: waited from 0.5, met 0.5 after it
+        (2.1, 2.3, 4.4, 0, 0, 0, 4.0),  # norm[48]: began after it (late), met 0.3 after; finished last
+        (2.6, 4.6, 6.4, 0, 0, 0, 6.0),  # head[0]: norm's last body done 4.0 -> met 0.6
+        (3.6, 4.8, 7.4, 0, 0, 0, 7.0),  # head[100]: 0.8
+        (4.6, 5.0, 8.4, 0, 0, 0, 8.0),  # head[200]: late, 1.0, finished last
+        (9.0, 9.5, 9.9, 0, 0, 0, 9.8),  # argmax: head's last body done 8.0, began at 9.0 (late) -> 1.5
+    ]
+    raw = raw_trace(prog, np.array(rows) * 1000)
+    got = hops(raw, prog)
+    norm = got["edges"][("embed", "1:norm[#]")]
+    assert norm["n"] == 2 and norm["met_us"][0] == pytest.approx(0.4) and norm["late"] == 0.5
+    assert norm["last_met_us"] == pytest.approx(0.3) and norm["last_late"] == 1.0
+    head = got["edges"][("norm", "2:head[#]")]
+    assert head["met_us"][0] == pytest.approx(0.8) and head["late"] == pytest.approx(1 / 3)
+    assert head["last_met_us"] == pytest.approx(1.0) and head["last_late"] == 1.0
+    assert got["edges"][("head", "10:argmax")]["met_us"][0] == pytest.approx(1.5)
+    assert set(got["edges"]) == {("embed", "1:norm[#]"), ("norm", "2:head[#]"), ("head", "10:argmax")}
+    # turnover, queue by queue: 2.1 - 1.4, 4.6 - 4.4 | 2.6 - 2.4, 9.0 - 6.4 | 3.6 - 3.4
+    assert got["turnover_us"][0] == pytest.approx(0.2)
+    other, _ = lm_head_program(vocab=300, hidden=96, tiles=3, slabs=3)
+    with pytest.raises(ValueError, match="not the traced ones"):
+        hops(raw, other)

@@ -41,10 +41,12 @@
 #ifndef AMK_SPIN_NS_PER_SIGNAL
 #define AMK_SPIN_NS_PER_SIGNAL 64
 #endif
-// Experiment (0 = off): while the counter moved since the last poll (its producers' burst of
-// last signals), sleep at most this long, however many signals are still missing.
+// While the counter moved since the last poll (its producers' burst of last signals), sleep at
+// most this long, however many signals are still missing: a poller that saw 100 missing no
+// longer sleeps the cap through the burst's end. 256 against off (0): SmolLM2 shape -8.5, 1B
+// -5.3, 8B -10 us, the same sign in all five pairs (eval/PERF_NOTES.md item 104).
 #ifndef AMK_SPIN_MOVING_NS
-#define AMK_SPIN_MOVING_NS 0
+#define AMK_SPIN_MOVING_NS 256
 #endif
 // KiB of a task's immutable inputs hinted into L2 during its wait (ScheduleConfig.prefetch_kb):
 // the first rounds of its loads. The whole slab (8 MiB) filled the memory system with hints
