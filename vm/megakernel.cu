@@ -44,7 +44,7 @@
 // While the counter moved since the last poll (its producers' burst of last signals), sleep at
 // most this long, however many signals are still missing: a poller that saw 100 missing no
 // longer sleeps the cap through the burst's end. 256 against off (0): SmolLM2 shape -8.5, 1B
-// -5.3, 8B -10 us, the same sign in all five pairs (eval/PERF_NOTES.md item 104).
+// -5.3, 8B -10 us, the same sign in all five pairs (eval/PERF_NOTES.md item 104). 0: off.
 #ifndef AMK_SPIN_MOVING_NS
 #define AMK_SPIN_MOVING_NS 256
 #endif
@@ -93,25 +93,17 @@ AMK_DEVICE bool amk_wait_all(const AmkCtx& c, const unsigned* counters, unsigned
     if ((int)(v - target) >= 0) continue;
     const unsigned long long t0 = amk_timer_ns();
     unsigned iter = 0;
-#if AMK_SPIN_MOVING_NS
-    bool moved = false;
-#endif
+    bool moved = false;  // the counter changed at the previous poll
     for (;;) {
       const unsigned missing = target - v;  // > 0 here (modulo 2^32, like the thresholds)
       unsigned ns = AMK_SPIN_MAX_NS;
       if (missing < AMK_SPIN_MAX_NS / AMK_SPIN_NS_PER_SIGNAL) ns = missing * AMK_SPIN_NS_PER_SIGNAL;
-#if AMK_SPIN_MOVING_NS
-      if (moved && ns > AMK_SPIN_MOVING_NS) ns = AMK_SPIN_MOVING_NS;
-#endif
+      if (AMK_SPIN_MOVING_NS > 0 && moved && ns > AMK_SPIN_MOVING_NS) ns = AMK_SPIN_MOVING_NS;
       amk_nanosleep(ns < AMK_SPIN_MIN_NS ? AMK_SPIN_MIN_NS : ns);
-#if AMK_SPIN_MOVING_NS
       const unsigned seen = v;
-#endif
       v = amk_ld_acquire(p, wt.scope);
       if ((int)(v - target) >= 0) break;
-#if AMK_SPIN_MOVING_NS
       moved = v != seen;
-#endif
       if ((++iter & 63) == 0) {  // every 64 polls: give up on another block's error, an abort, the budget
         if (amk_ld_volatile(&c.status[AMK_ST_CODE]) != 0) return false;
         if (host_abort != nullptr && amk_ld_volatile(host_abort) != 0) {
