@@ -87,7 +87,8 @@ class CostModel:
     acquire poll through L2). A task costs `dispatch_us` (fetch, decode, block barrier)
     plus its bytes over the queue's bandwidth share. Weight (immutable) bytes may stream
     before the wait is satisfied when `prefetch_depth >= 1` (and, for a GEMV, its weights are at
-    least `prefetch_min_kb`); otherwise they start after it and pay one `mem_latency_us`. KV-cache bytes (at the model context) always wait.
+    least `prefetch_min_kb`); otherwise they start after it and pay one `mem_latency_us`.
+    KV-cache bytes (at the model context) always wait.
 
         bw_sm  = min(sm_peak_factor * BW / SMs, inflight / mem_latency)     per SM
         inflight = threads_per_block * blocks_per_sm * bytes_per_load * loads_in_flight

@@ -273,6 +273,12 @@ def hops(raw: dict[str, np.ndarray], program) -> dict:
             if turnover else None}
 
 
+def load_raw(path: str) -> dict[str, np.ndarray]:
+    """A trace_raw.npz (what `raw_trace` returned) as its arrays; no pickles."""
+    with np.load(path, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
 def median_step(path: str) -> dict:
     """The median-length traced step of a trace_step.json (the one main() reports)."""
     with open(path) as f:
@@ -317,6 +323,11 @@ def export_defines(defines: list[str]) -> None:
 
     merged = {**experiment_defines(), **parse_defines(",".join(defines), "--define")}
     os.environ["AMK_VM_DEFINES"] = ",".join(f"{k}={v}" for k, v in merged.items())
+
+
+# KV positions a traced program holds beyond the filled context (room for the traced steps);
+# the --rows-phase / --hops programs, lowered again, use it too so that their tasks match
+EXTRA_CAPACITY = 76
 
 
 def _config(config_path):
@@ -394,16 +405,13 @@ def main() -> None:
         print("\n".join(compare(*map(median_step, a.compare))))
         return
     if a.rows_phase:
-        with np.load(a.rows_phase, allow_pickle=False) as f:
-            raw = {k: f[k] for k in f.files}
+        raw = load_raw(a.rows_phase)
         print("GEMV rows phase (prologue done -> rows done), mean us, by task kind and rows:")
-        for (kind, rows), (n, us) in sorted(rows_phase(raw, shape_program(a.shape, a.ctx, a.config, 76)).items()):
+        for (kind, rows), (n, us) in sorted(rows_phase(raw, shape_program(a.shape, a.ctx, a.config, EXTRA_CAPACITY)).items()):
             print(f"  {kind[:44]:44s} rows {rows:6d}  n={n:6d}  {us:9.2f}")
         return
     if a.hops:
-        with np.load(a.hops, allow_pickle=False) as f:
-            raw = {k: f[k] for k in f.files}
-        h = hops(raw, shape_program(a.shape, a.ctx, a.config, 76))
+        h = hops(load_raw(a.hops), shape_program(a.shape, a.ctx, a.config, EXTRA_CAPACITY))
         if h["turnover_us"]:
             print("turnover (queue predecessor released -> wait start), us: median %.2f, p10 %.2f, p90 %.2f"
                   % h["turnover_us"])
@@ -414,8 +422,7 @@ def main() -> None:
                   f"{e['met_us'][1]:5.2f} | {e['late']:4.2f}   last {e['last_met_us']:5.2f} | {e['last_late']:4.2f}")
         return
     if a.contention:
-        with np.load(a.contention, allow_pickle=False) as f:
-            raw = {k: f[k] for k in f.files}
+        raw = load_raw(a.contention)
         print("after the rows-done mark until body done, mean us, by other tasks of the stage still streaming:")
         for kind, rows in sorted(contention(raw).items()):
             print(f"  {kind[:44]:44s} " + "  ".join(f"[{b}] n={n} {us:.2f}" for b, n, us in rows))
@@ -423,7 +430,7 @@ def main() -> None:
     if a.define:
         export_defines(a.define)
     name = a.shape
-    mk, vm = shape_vm(name, a.ctx, a.config, 76, trace=True, prefetch_depth=a.prefetch_depth)
+    mk, vm = shape_vm(name, a.ctx, a.config, EXTRA_CAPACITY, trace=True, prefetch_depth=a.prefetch_depth)
     results, tables = [], []
     for s in range(a.steps):
         st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

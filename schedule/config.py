@@ -124,8 +124,9 @@ class ScheduleConfig(BaseModel):
     prefetch_min_kb: int = Field(
         0, ge=0, le=65536,
         description="VM knob (program.meta['vm']): GEMV tasks whose immutable inputs (weights, their "
-        "scales, norm weights) total less than this many KiB get no L2 hints during their wait (0 = every task hinted; prefetch_depth 0 "
-        "turns them all off). A per-stage alternative to prefetch_depth: hints help the rows of "
+        "scales, norm weights) total less than this many KiB get no L2 hints during their wait "
+        "(0 = every task hinted; prefetch_depth 0 turns them all off). A per-stage alternative to "
+        "prefetch_depth: hints help the rows of "
         "large tasks and slow the latency-bound phases (eval/PERF_NOTES.md items 75, 91, 95).",
     )
 

@@ -344,11 +344,10 @@ def test_pack_prefetch_min_kb_leaves_small_gemv_tasks_unhinted():
 
     every, sizes = masks()
     assert all(m != 0 for m in every)
-    cut = sorted(set(sizes))[len(set(sizes)) // 2]  # bytes: some tasks below it, some at or above
-    some, _ = masks(prefetch_min_kb=cut // 1024)
-    assert [m for m, b in zip(some, sizes) if b >= cut // 1024 * 1024] == \
-        [m for m, b in zip(every, sizes) if b >= cut // 1024 * 1024]
-    assert all(m == 0 for m, b in zip(some, sizes) if b < cut // 1024 * 1024)
+    kb = sorted(set(sizes))[len(set(sizes)) // 2] // 1024  # some tasks below it, some at or above
+    some, _ = masks(prefetch_min_kb=kb)
+    assert [m for m, b in zip(some, sizes) if b >= kb * 1024] == [m for m, b in zip(every, sizes) if b >= kb * 1024]
+    assert all(m == 0 for m, b in zip(some, sizes) if b < kb * 1024)
     assert any(m == 0 for m in some) and any(m != 0 for m in some)
 
 
