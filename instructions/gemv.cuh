@@ -64,6 +64,9 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 #endif
 #define AMK_GEMV_RING_BYTES 4096  // a slot: 32 lanes x 8 vectors of 16 bytes (vm/loader.py RING_SLOT_BYTES)
 #define AMK_GEMV_RING_ON (AMK_HAS_STAGE && AMK_GEMV_RING_SLOTS > 0)
+#ifndef AMK_GEMV_RING_FENCE_EACH
+#define AMK_GEMV_RING_FENCE_EACH 0  // a proxy fence before each round's copies, not only the first (experiment)
+#endif
 
 // Shared memory of the ring: the warps' barriers, then their slots.
 AMK_DEVICE long long amk_ring_bar_words(int slots) { return amk_round4(2ll * amk_nwarps() * slots); }
@@ -398,6 +401,7 @@ AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const 
     const int live = min(per_warp, rows - r0);
     char* dst = slot0 + (j % slots) * AMK_GEMV_RING_BYTES;
     unsigned long long* bar = bars + j % slots;
+    if (AMK_GEMV_RING_FENCE_EACH) amk_stage_fence();
     amk_stage_expect(bar, (unsigned)(live * m * n * 16));
     for (int g = 0; g < live; ++g) {
       amk_stage_copy(dst + g * m * span * 16, amk_gemv_row_ptr<DT>(w, r0 + g) + (amk_i64)v0 * 16, n * 16, bar);
@@ -407,6 +411,7 @@ AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const 
   };
   if (amk_lane() == 0) {
     for (int k = 0; k < slots; ++k) amk_stage_bar_init(bars + k);
+    amk_stage_fence();  // the block's generic accesses of this memory (other ops', after their barrier) come first
     for (int j = 0; j < slots && j < nrounds; ++j) issue(j);
   }
   amk_syncwarp();

@@ -120,10 +120,11 @@ AMK_DEVICE void amk_stage_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(amk_smem_addr(bar)), "r"(bytes)
                : "memory");
 }
-// Copy `bytes` (a multiple of 16, both ends 16-byte aligned) of immutable global data into
-// shared memory; the proxy fence orders this block's earlier generic accesses of dst before it.
+// Orders this thread's (and, after a barrier, its block's) earlier generic accesses of shared
+// memory before its later bulk copies into it.
+AMK_DEVICE void amk_stage_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Copy `bytes` (a multiple of 16, both ends 16-byte aligned) of immutable global data into shared memory.
 AMK_DEVICE void amk_stage_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(amk_smem_addr(dst)), "l"(src), "r"(bytes), "r"(amk_smem_addr(bar))
                : "memory");

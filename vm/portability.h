@@ -12,7 +12,7 @@
 // A chiplet architecture (vm/arch_hip_gfx94.h) also provides amk_ld_acquire_xcd /
 // amk_release_add_xcd and defines AMK_HAS_XCD_SCOPE; elsewhere XCD scope is device scope.
 // An architecture with bulk copies into shared memory on an mbarrier (sm_90+) defines
-// AMK_HAS_STAGE 1 and amk_stage_bar_init / _bar_inval / _expect / _copy / _wait (the GEMV
+// AMK_HAS_STAGE 1 and amk_stage_bar_init / _bar_inval / _expect / _fence / _copy / _wait (the GEMV
 // weight ring, instructions/gemv.cuh); elsewhere they do nothing and the ring is not used.
 #pragma once
 
@@ -40,6 +40,7 @@ AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
 #define AMK_HAS_STAGE 0
 AMK_DEVICE void amk_stage_bar_init(unsigned long long*) {}
 AMK_DEVICE void amk_stage_bar_inval(unsigned long long*) {}
+AMK_DEVICE void amk_stage_fence() {}
 AMK_DEVICE void amk_stage_expect(unsigned long long*, unsigned) {}
 AMK_DEVICE void amk_stage_copy(void*, const void*, unsigned, unsigned long long*) {}
 AMK_DEVICE void amk_stage_wait(unsigned long long*, unsigned) {}

@@ -140,6 +140,7 @@ AMK_DEVICE void amk_emu_stage_forget(unsigned long long* bar) {
 }
 AMK_DEVICE void amk_stage_bar_init(unsigned long long* bar) { amk_emu_stage_forget(bar); }
 AMK_DEVICE void amk_stage_bar_inval(unsigned long long* bar) { amk_emu_stage_forget(bar); }
+AMK_DEVICE void amk_stage_fence() {}
 AMK_DEVICE void amk_stage_expect(unsigned long long* bar, unsigned bytes) {
   std::lock_guard<std::mutex> lock(amk_emu_block->stage_mu);
   auto& b = amk_emu_stage_bar(bar);
