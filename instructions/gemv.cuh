@@ -63,7 +63,10 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 #define AMK_GEMV_RING_SLOTS 0
 #endif
 #define AMK_GEMV_RING_BYTES 4096  // a slot: 32 lanes x 8 vectors of 16 bytes (vm/loader.py RING_SLOT_BYTES)
-#define AMK_GEMV_RING_ON (AMK_HAS_STAGE && AMK_GEMV_RING_SLOTS > 0)
+#ifndef AMK_GEMV_RING_RESERVE_ONLY
+#define AMK_GEMV_RING_RESERVE_ONLY 0  // the loader reserves the ring's shared memory, the rows do not use it (control)
+#endif
+#define AMK_GEMV_RING_ON (AMK_HAS_STAGE && AMK_GEMV_RING_SLOTS > 0 && !AMK_GEMV_RING_RESERVE_ONLY)
 #ifndef AMK_GEMV_RING_FENCE_EACH
 #define AMK_GEMV_RING_FENCE_EACH 0  // a proxy fence before each round's copies, not only the first (experiment)
 #endif
