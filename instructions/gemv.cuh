@@ -598,7 +598,10 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   }
   bool ok;
   float* ring = epi + amk_round4(es.words());
-  const int slots = AMK_GEMV_RING_ON ? t.ip[AMK_P_RING] : 0;
+#ifndef AMK_GEMV_RING_UNUSED
+#define AMK_GEMV_RING_UNUSED 0  // experiment: the ring compiled in, never used (a code-size control)
+#endif
+  const int slots = AMK_GEMV_RING_ON && !AMK_GEMV_RING_UNUSED ? t.ip[AMK_P_RING] : 0;
   if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
   else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K, ring, slots);
   if (!ok) {

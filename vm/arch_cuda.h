@@ -106,10 +106,16 @@ AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) {
 // of weight bytes and no register holds them while they are in flight (the GEMV weight ring).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define AMK_HAS_STAGE 1
+#ifndef AMK_STAGE_L2_EVICT_FIRST
+#define AMK_STAGE_L2_EVICT_FIRST 0  // experiment: the copies' L2 lines evict-first
+#endif
+#ifndef AMK_STAGE_INIT_FENCE
+#define AMK_STAGE_INIT_FENCE 1  // experiment: 0 skips the mbarrier-init fence (the barrier is used by its own warp)
+#endif
 AMK_DEVICE unsigned amk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 AMK_DEVICE void amk_stage_bar_init(unsigned long long* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(amk_smem_addr(bar)) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  if (AMK_STAGE_INIT_FENCE) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // Before the barrier's memory serves anything else (another op's shared memory).
 AMK_DEVICE void amk_stage_bar_inval(unsigned long long* bar) {
@@ -125,6 +131,14 @@ AMK_DEVICE void amk_stage_expect(unsigned long long* bar, unsigned bytes) {
 AMK_DEVICE void amk_stage_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // Copy `bytes` (a multiple of 16, both ends 16-byte aligned) of immutable global data into shared memory.
 AMK_DEVICE void amk_stage_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  if (AMK_STAGE_L2_EVICT_FIRST) {
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(amk_smem_addr(dst)), "l"(src), "r"(bytes), "r"(amk_smem_addr(bar)), "l"(policy)
+                 : "memory");
+    return;
+  }
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(amk_smem_addr(dst)), "l"(src), "r"(bytes), "r"(amk_smem_addr(bar))
                : "memory");
