@@ -419,18 +419,26 @@ AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const 
   }
   amk_syncwarp();
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);
+  // The scale (and zero) bits of a round are loaded a round ahead: loaded at its start, their
+  // round trip would be the round's latency again, the copies having landed long before.
   AmkQRows q{};
+  AmkQBits b[U];
+  auto load_bits = [&](int j, AmkQBits* out) {  // round j's bits; q: its row's (at the row's first round)
+    const int r = r_first + j / rpr * r_step + amk_lane() / L, v0 = j % rpr * span + sub;
+    if (j % rpr == 0 && r < rows) q = amk_qrows<DT, PAIR>(w, w2, r);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (r < rows && v0 + u * L < nvec) out[u] = amk_qbits<DT, PAIR>(q, grp(v0 + u * L));
+  };
+  if constexpr (Q) load_bits(0, b);
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int j = 0; j < nrounds; ++j) {
     const int k = j % rpr, r = r_first + j / rpr * r_step + amk_lane() / L, v0 = k * span + sub;
     const bool valid = r < rows;
-    if (k == 0 && valid) q = amk_qrows<DT, PAIR>(w, w2, r);
-    AmkQBits b[U];
-    if constexpr (Q) {  // the scale loads go out before the wait
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (valid && v0 + u * L < nvec) b[u] = amk_qbits<DT, PAIR>(q, grp(v0 + u * L));
+    AmkQBits next[U];
+    if constexpr (Q) {
+      if (j + 1 < nrounds) load_bits(j + 1, next);
     }
     amk_stage_wait(bars + j % slots, (unsigned)(j / slots) & 1u);
     const char* seg = slot0 + (j % slots) * AMK_GEMV_RING_BYTES + (amk_lane() / L) * m * span * 16;
@@ -445,6 +453,10 @@ AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const 
     }
     amk_syncwarp();  // every lane's reads of the slot are done: it can take round j + slots
     if (amk_lane() == 0 && j + slots < nrounds) issue(j + slots);
+    if constexpr (Q) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) b[u] = next[u];
+    }
     if (k == rpr - 1) {  // the row's last round
       amk_gemv_row_end<DT, PAIR>(w, w2, xs, xp, r, valid, K, L, sub, s1, s2);
       if (sub == 0 && valid) {

@@ -107,7 +107,7 @@ AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define AMK_HAS_STAGE 1
 #ifndef AMK_STAGE_L2_EVICT_FIRST
-#define AMK_STAGE_L2_EVICT_FIRST 0  // experiment: the copies' L2 lines evict-first
+#define AMK_STAGE_L2_EVICT_FIRST 1  // the copies' L2 lines evict-first (0: the default policy)
 #endif
 #ifndef AMK_STAGE_INIT_FENCE
 #define AMK_STAGE_INIT_FENCE 1  // experiment: 0 skips the mbarrier-init fence (the barrier is used by its own warp)
