@@ -58,7 +58,7 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
 
-// The weight ring (amk_gemv_rows_ring): slots a warp, 0: not compiled in.
+// The weight ring (AmkRing): slots a warp, 0: not compiled in.
 #ifndef AMK_GEMV_RING_SLOTS
 #define AMK_GEMV_RING_SLOTS 0
 #endif
@@ -382,24 +382,31 @@ AMK_DEVICE const char* amk_gemv_row_ptr(const AmkGemvW& w, int r) {
   return (const char*)w.wb->ptr + (w.off + r * w.stride) * AmkWFmt<DT>::BITS / 8;
 }
 
+// A warp's ring: its rounds (row groups x rounds a row), its barriers and slots. Built twice
+// from the same task, at the op's start (start: the first rounds go out before the prologue,
+// whose x loads and RMSNorm take ~2-4 us) and for the rows (rows: the rest).
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                   AmkXPad xp, const float* xsums, float* acc, int rows, int K, float* ring,
-                                   int slots) {
+struct AmkRing {
   using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
-  constexpr int m = PAIR ? 2 : 1, U = AMK_GEMV_RING_BYTES / (AMK_WARP_SIZE * 16 * m);  // vectors a lane and matrix
-  const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
-  int L = AMK_WARP_SIZE;  // lanes a row, as amk_gemv_lanes
-  while (L > 4 && (L / 2) * U >= nvec) L >>= 1;
-  const int per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L, span = L * U;  // span: a round's vectors of a row
-  const int rpr = (nvec + span - 1) / span;  // rounds a row
-  const int r_first = amk_warp() * per_warp, r_step = amk_nwarps() * per_warp;
-  const int nrounds = r_first < rows ? (rows - r_first + r_step - 1) / r_step * rpr : 0;
-  unsigned long long* bars = (unsigned long long*)ring + amk_warp() * slots;
-  char* slot0 = (char*)(ring + amk_ring_bar_words(slots)) + (long long)amk_warp() * slots * AMK_GEMV_RING_BYTES;
+  static constexpr int m = PAIR ? 2 : 1, U = AMK_GEMV_RING_BYTES / (AMK_WARP_SIZE * 16 * m);  // vectors a lane, matrix
+  const AmkGemvW &w, &w2;
+  int rows, K, nvec, L, per_warp, span, rpr, r_first, r_step, nrounds, slots;
+  unsigned long long* bars;
+  char* slot0;
+
+  AMK_DEVICE AmkRing(const AmkGemvW& w_, const AmkGemvW& w2_, int rows_, int K_, float* ring, int slots_)
+      : w(w_), w2(w2_), rows(rows_), K(K_), nvec(K_ / F::VEC), slots(slots_) {
+    L = AMK_WARP_SIZE;  // lanes a row, as amk_gemv_lanes
+    while (L > 4 && (L / 2) * U >= nvec) L >>= 1;
+    per_warp = AMK_WARP_SIZE / L, span = L * U;  // span: a round's vectors of a row
+    rpr = (nvec + span - 1) / span;              // rounds a row
+    r_first = amk_warp() * per_warp, r_step = amk_nwarps() * per_warp;
+    nrounds = r_first < rows ? (rows - r_first + r_step - 1) / r_step * rpr : 0;
+    bars = (unsigned long long*)ring + amk_warp() * slots;
+    slot0 = (char*)(ring + amk_ring_bar_words(slots)) + (long long)amk_warp() * slots * AMK_GEMV_RING_BYTES;
+  }
   // lane 0: round j's pieces (span vectors of each of its rows, of w then w2) into slot j % slots
-  auto issue = [&](int j) {
+  AMK_DEVICE void issue(int j) const {
     const int r0 = r_first + j / rpr * r_step, v0 = j % rpr * span, n = min(span, nvec - v0);
     const int live = min(per_warp, rows - r0);
     char* dst = slot0 + (j % slots) * AMK_GEMV_RING_BYTES;
@@ -411,13 +418,23 @@ AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const 
       if (PAIR)
         amk_stage_copy(dst + (g * m + 1) * span * 16, amk_gemv_row_ptr<DT>(w2, r0 + g) + (amk_i64)v0 * 16, n * 16, bar);
     }
-  };
-  if (amk_lane() == 0) {
-    for (int k = 0; k < slots; ++k) amk_stage_bar_init(bars + k);
-    amk_stage_fence();  // the block's generic accesses of this memory (other ops', after their barrier) come first
-    for (int j = 0; j < slots && j < nrounds; ++j) issue(j);
   }
-  amk_syncwarp();
+  AMK_DEVICE void start() const {  // every warp, at the op's start
+    if (amk_lane() == 0) {
+      for (int k = 0; k < slots; ++k) amk_stage_bar_init(bars + k);
+      amk_stage_fence();  // the block's generic accesses of this memory (other ops', after their barrier) come first
+      for (int j = 0; j < slots && j < nrounds; ++j) issue(j);
+    }
+    amk_syncwarp();
+  }
+  AMK_DEVICE void run(const AmkGroupOf& grp, const float* xs, AmkXPad xp, const float* xsums, float* acc) const;
+};
+
+template <int DT, bool PAIR>
+AMK_DEVICE void AmkRing<DT, PAIR>::run(const AmkGroupOf& grp, const float* xs, AmkXPad xp, const float* xsums,
+                                       float* acc) const {
+  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  const int sub = amk_lane() % L, xstride = F::VEC + xp.pad;
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);
   // The scale (and zero) bits of a round are loaded a round ahead: loaded at its start, their
   // round trip would be the round's latency again, the copies having landed long before.
@@ -491,9 +508,11 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_RING_ON
-  if (vec && slots > 0) {
-    amk_gemv_rows_ring<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K, ring, slots);
-    return;
+  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
+    if (vec && slots > 0) {  // started by amk_gemv_ring_start, on the same condition
+      AmkRing<DT, PAIR>(w, w2, rows, K, ring, slots).run(grp, xs, xp, xsums, acc);
+      return;
+    }
   }
 #endif
   if (vec) {
@@ -546,6 +565,23 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const f
   }
 }
 
+// The ring's first rounds, issued before the prologue, where the rows will take them: quantized
+// weights this build compiles, well-formed and streamable with 16-byte vectors (amk_gemv_rows).
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_ring_start_if(const AmkGemvW& w, const AmkGemvW& w2, int rows, int K, float* ring, int slots) {
+  if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
+    AmkGroupOf grp, grp2;
+    if (amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)))
+      AmkRing<DT, PAIR>(w, w2, rows, K, ring, slots).start();
+  }
+}
+template <bool PAIR>
+AMK_DEVICE void amk_gemv_ring_start(const AmkGemvW& w, const AmkGemvW& w2, int rows, int K, float* ring, int slots) {
+  if (slots <= 0 || !amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) return;
+  if (w.wb->dtype == AMK_DTYPE_I8) amk_gemv_ring_start_if<AMK_DTYPE_I8, PAIR>(w, w2, rows, K, ring, slots);
+  else if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_ring_start_if<AMK_DTYPE_U4, PAIR>(w, w2, rows, K, ring, slots);
+}
+
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
@@ -555,6 +591,19 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   if (!xs) return;
   float* acc = xs + amk_xs_words(K, xp);
   float* red = acc + amk_round4((long long)rows * m);
+#ifndef AMK_GEMV_RING_UNUSED
+#define AMK_GEMV_RING_UNUSED 0  // experiment: the ring compiled in, never used (a code-size control)
+#endif
+  const int slots = AMK_GEMV_RING_ON && !AMK_GEMV_RING_UNUSED ? t.ip[AMK_P_RING] : 0;
+  float* ring = xs + (amk_smem_gemv(t) - amk_ring_words(slots));  // the tail of the op's shared memory
+#if AMK_GEMV_RING_ON
+  if (slots > 0) {
+    const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
+    const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
+    if (m == 2) amk_gemv_ring_start<true>(w, w2, rows, K, ring, slots);
+    else amk_gemv_ring_start<false>(w, w, rows, K, ring, slots);
+  }
+#endif
 
   // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
   const AmkOperand& x = amk_in(c, AMK_ROLE_X);
@@ -609,11 +658,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   bool ok;
-  float* ring = epi + amk_round4(es.words());
-#ifndef AMK_GEMV_RING_UNUSED
-#define AMK_GEMV_RING_UNUSED 0  // experiment: the ring compiled in, never used (a code-size control)
-#endif
-  const int slots = AMK_GEMV_RING_ON && !AMK_GEMV_RING_UNUSED ? t.ip[AMK_P_RING] : 0;
   if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
   else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K, ring, slots);
   if (!ok) {

@@ -213,15 +213,13 @@ RING_SLOT_BYTES = 4096  # a GEMV weight ring slot (instructions/gemv.cuh AMK_GEM
 
 def gemv_ring_slots(wdtype: DType) -> int:
     """Weight ring slots a warp for a GEMV with these weights (the task record's P_RING,
-    instructions/gemv.cuh amk_gemv_rows_ring): $AMK_VM_DEFINES' AMK_GEMV_RING_SLOTS for quantized
-    weights, and for float ones too with AMK_GEMV_RING_FLOAT=1; 0 (the register path) by default.
-    Architectures without bulk copies (AMK_HAS_STAGE 0) keep the register path either way."""
-    defines = experiment_defines()
-    slots = defines.get("AMK_GEMV_RING_SLOTS", 0)
-    applies = wdtype in (DType.I8, DType.U4) or defines.get("AMK_GEMV_RING_FLOAT", 0)
+    instructions/gemv.cuh AmkRing): $AMK_VM_DEFINES' AMK_GEMV_RING_SLOTS for quantized weights,
+    0 (the register path) by default and for float weights. Architectures without bulk copies
+    (AMK_HAS_STAGE 0) keep the register path either way."""
+    slots = experiment_defines().get("AMK_GEMV_RING_SLOTS", 0)
     if slots < 0:
         raise ValueError(f"AMK_GEMV_RING_SLOTS={slots}: slots a warp, 0 for none")
-    return slots if applies else 0
+    return slots if wdtype in (DType.I8, DType.U4) else 0
 
 
 def ring_words(slots: int, threads: int) -> int:
