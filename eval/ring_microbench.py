@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m amk.eval.ring_microbench", description=(__doc__ or "").strip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=60, help="4 KB rounds a warp (x 8 warps x SMs: the bytes streamed)")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="copies of the matrix, launch i streaming copy i %% N (with few rounds, N copies beyond "
+                         "the L2's 50 MB keep each launch's bytes out of it)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     dev = cp.cuda.Device()
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
     mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=None)
     reg, ring = mod.get_function("stream_reg"), mod.get_function("stream_ring")
     nbytes = sms * 8 * a.rounds * 4096
-    w = cp.random.randint(0, 256, nbytes, dtype=cp.uint8)
+    w = cp.random.randint(0, 256, nbytes * a.copies, dtype=cp.uint8)
     out = cp.zeros(sms * 256, dtype=cp.float32)
     results = []
 
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
         for i in range(25):
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             e0.record()
-            fn((sms,), (256,), args, shared_mem=smem)
+            fn((sms,), (256,), (w[(i % a.copies) * nbytes:], *args), shared_mem=smem)
             e1.record()
             e1.synchronize()
             if i >= 5:
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
         return float(np.median(times))
 
     for work in (0, 1):
-        t = timed(reg, (w, np.int64(a.rounds), out, np.int32(work)), 4096 * 4)
+        t = timed(reg, (np.int64(a.rounds), out, np.int32(work)), 4096 * 4)
         results.append({"variant": "reg", "work": work, "GBps": nbytes / t / 1e9})
         ref = float(cp.asnumpy(out).astype(np.float64).sum())
         for slots, per_slot, piece, fence in [(2, 1, 4096, 1), (3, 1, 4096, 1), (4, 1, 4096, 1), (3, 1, 2048, 1),
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
             if a.rounds % per_slot or smem > dev.attributes["MaxSharedMemoryPerBlockOptin"]:
                 continue
             out.fill(0)
-            t = timed(ring, (w, np.int64(a.rounds), out, np.int32(work), np.int32(slots), np.int32(per_slot),
+            t = timed(ring, (np.int64(a.rounds), out, np.int32(work), np.int32(slots), np.int32(per_slot),
                              np.int32(piece), np.int32(fence)), smem)
             same = abs(float(cp.asnumpy(out).astype(np.float64).sum()) - ref) <= 1e-3 * max(1.0, abs(ref))
             results.append({"variant": f"ring slots={slots} round/slot={per_slot} piece={piece} fence={fence}",
@@ -161,7 +164,8 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(results, indent=1))
     else:
-        print(f"{nbytes / 1e6:.0f} MB streamed by {sms} blocks x 8 warps; GB/s (median of 20)")
+        print(f"{nbytes / 1e6:.0f} MB streamed by {sms} blocks x 8 warps ({a.rounds} rounds a warp, {a.copies} "
+              f"copies); GB/s (median of 20)")
         for r in results:
             print(f"  work={r['work']}  {r['GBps']:7.0f}  {r['variant']}" + ("" if r.get("same_sum_as_reg", True) else "  SUM DIFFERS"))
     return 0
