@@ -10,7 +10,6 @@
 //
 // Shared memory (4-byte words): xs[amk_xs_words(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
 //   | [norm weights: round4(K)] | [the epilogue's staged operands (AmkEpiStage), without split-K]
-//   | [the weight ring: barriers, slots (amk_ring_words)]
 #pragma once
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
@@ -58,25 +57,6 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 // The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
 #define AMK_XSUM_CHUNK 32
 
-// The weight ring (amk_gemv_rows_ring): slots a warp, 0: not compiled in.
-#ifndef AMK_GEMV_RING_SLOTS
-#define AMK_GEMV_RING_SLOTS 0
-#endif
-#define AMK_GEMV_RING_BYTES 4096  // a slot: 32 lanes x 8 vectors of 16 bytes (vm/loader.py RING_SLOT_BYTES)
-#ifndef AMK_GEMV_RING_RESERVE_ONLY
-#define AMK_GEMV_RING_RESERVE_ONLY 0  // the loader reserves the ring's shared memory, the rows do not use it (control)
-#endif
-#define AMK_GEMV_RING_ON (AMK_HAS_STAGE && AMK_GEMV_RING_SLOTS > 0 && !AMK_GEMV_RING_RESERVE_ONLY)
-#ifndef AMK_GEMV_RING_FENCE_EACH
-#define AMK_GEMV_RING_FENCE_EACH 0  // a proxy fence before each round's copies, not only the first (experiment)
-#endif
-
-// Shared memory of the ring: the warps' barriers, then their slots.
-AMK_DEVICE long long amk_ring_bar_words(int slots) { return amk_round4(2ll * amk_nwarps() * slots); }
-AMK_DEVICE long long amk_ring_words(int slots) {
-  return slots > 0 ? amk_ring_bar_words(slots) + (long long)amk_nwarps() * slots * (AMK_GEMV_RING_BYTES / 4) : 0;
-}
-
 // The epilogue operands the prologue stages (none when a REDUCE task runs the epilogue).
 AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
@@ -86,7 +66,7 @@ AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   return amk_xs_words(k, amk_xpad_of(t)) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
-         amk_round4(amk_gemv_epi_stage(t).words()) + (AMK_GEMV_RING_ON ? amk_ring_words(t.ip[AMK_P_RING]) : 0);  // .. | ring
+         amk_round4(amk_gemv_epi_stage(t).words());
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -223,85 +203,6 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
   else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
-// A row's scales and zeros (of w and of w2 for a pair), and one vector's, as raw bits: the
-// loads are issued with the vector's codes, before the first use.
-struct AmkQRows {
-  AmkQRow s1, s2, z1, z2;
-};
-struct AmkQBits {
-  unsigned s1, s2, z1, z2;
-};
-template <int DT, bool PAIR>
-AMK_DEVICE AmkQRows amk_qrows(const AmkGemvW& w, const AmkGemvW& w2, int r) {
-  AmkQRows q{};
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
-    q.s1 = amk_qrow(w.sb, w.soff + r * w.sstride), q.z1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
-    if (PAIR) q.s2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), q.z2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
-  }
-  return q;
-}
-template <int DT, bool PAIR>
-AMK_DEVICE AmkQBits amk_qbits(const AmkQRows& q, int g) {  // g: the vector's scale column
-  AmkQBits b{};
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
-#if AMK_DIAG_Q_NO_SCALE_LOADS  // trace diagnostic only (wrong results): no scale loads in the rows loop
-    b.s1 = b.s2 = (unsigned)g & 0x3c00u;
-#else
-    b.s1 = q.s1.raw(g);
-    if (PAIR) b.s2 = q.s2.raw(g);
-#endif
-    if constexpr (DT == AMK_DTYPE_U4) {
-      b.z1 = q.z1.raw(g);
-      if (PAIR) b.z2 = q.z2.raw(g);
-    }
-  }
-  return b;
-}
-
-// s1 (and s2) += the dot of one 16-byte vector of the row (of w2's row) with its x, xv:
-// dequantized with the vector's scale bits b for quantized formats (xsum: sum(xv), U4).
-template <int DT, bool PAIR, class R>
-AMK_DEVICE void amk_gemv_vec_acc(const amk_u32x4& raw1, const amk_u32x4& raw2, const float* xv, float xsum,
-                                 const AmkQRows& q, const AmkQBits& b, R rot, float& s1, float& s2) {
-  using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
-  // (the words are rotated here, at their use: a use right after a load would wait for it)
-  const amk_u32x4 w1 = rot.words(raw1), w2v = PAIR ? rot.words(raw2) : w1;
-  if constexpr (Q && AMK_DIAG_Q_NO_MATH) {  // trace diagnostic only (wrong results): one FFMA a vector
-    s1 += __uint_as_float(w1.x ^ w1.y ^ w1.z ^ w1.w) * xv[0] * q.s1.value(b.s1);
-    if (PAIR) s2 += __uint_as_float(w2v.x ^ w2v.y ^ w2v.z ^ w2v.w) * xv[4] * q.s2.value(b.s2);
-  } else if constexpr (Q) {
-    s1 += amk_qvec<DT>(w1, xv, xsum, q.s1.value(b.s1), Z ? q.z1.value(b.z1) : 0.0f, rot);
-    if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, q.s2.value(b.s2), Z ? q.z2.value(b.z2) : 0.0f, rot);
-  } else {
-#pragma unroll
-    for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
-    if (PAIR) {
-#pragma unroll
-      for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
-    }
-  }
-}
-
-// A row's end: the columns after its last whole vector (scalar loads), then the sums of its L
-// lanes, which land in all of them.
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_row_end(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r,
-                                 bool valid, int K, int L, int sub, float& s1, float& s2) {
-  using F = AmkWFmt<DT>;
-  if (valid) {
-    for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
-      const float x = xs[xp.at(col)];
-      s1 += amk_w_at(w, r, col) * x;
-      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
-    }
-  }
-  for (int m = L / 2; m > 0; m >>= 1) {
-    s1 += amk_shfl_xor(s1, m);
-    if (PAIR) s2 += amk_shfl_xor(s2, m);
-  }
-}
-
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
 // the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
 // lane group has no row (it still takes part in the shuffles). Several lane groups per warp
@@ -320,12 +221,16 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
   const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
   const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-  const AmkQRows q = amk_qrows<DT, PAIR>(w, w2, r);
+  AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
+  if (Q) {
+    sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
+    if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
+  }
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int v0 = sub; v0 < nvec; v0 += L * U) {
     amk_u32x4 raw1[U], raw2[U];
-    AmkQBits b[U];
+    unsigned sc1[U], sc2[U], z1[U], z2[U];  // raw bits
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // issue every load before the first use
       const int v = v0 + u * L;
@@ -339,17 +244,56 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           raw1[u] = amk_ld16_weight(row1 + (amk_i64)v * 16);
           if (PAIR) raw2[u] = amk_ld16_weight(row2 + (amk_i64)v * 16);
         }
-        if constexpr (Q) b[u] = amk_qbits<DT, PAIR>(q, grp(v));
+        if constexpr (Q) {
+          const int g = grp(v);
+#if AMK_DIAG_Q_NO_SCALE_LOADS  // trace diagnostic only (wrong results): no scale loads in the rows loop
+          sc1[u] = sc2[u] = (unsigned)g & 0x3c00u;
+#else
+          sc1[u] = sr1.raw(g);
+          if (PAIR) sc2[u] = sr2.raw(g);
+#endif
+          if constexpr (Z) {
+            z1[u] = zr1.raw(g);
+            if (PAIR) z2[u] = zr2.raw(g);
+          }
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * L;
-      if (v < nvec)
-        amk_gemv_vec_acc<DT, PAIR>(raw1[u], raw2[u], xs + v * xstride, Z ? xsums[v] : 0.0f, q, b[u], rot, s1, s2);
+      if (v < nvec) {  // (the words are rotated here, at their use: a use right after a load would wait for it)
+        const float* xv = xs + v * xstride;
+        const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
+        if constexpr (Q && AMK_DIAG_Q_NO_MATH) {  // trace diagnostic only (wrong results): one FFMA a vector
+          s1 += __uint_as_float(w1.x ^ w1.y ^ w1.z ^ w1.w) * xv[0] * sr1.value(sc1[u]);
+          if (PAIR) s2 += __uint_as_float(w2v.x ^ w2v.y ^ w2v.z ^ w2v.w) * xv[4] * sr2.value(sc2[u]);
+        } else if constexpr (Q) {
+          const float xsum = Z ? xsums[v] : 0.0f;
+          s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+        } else {
+#pragma unroll
+          for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
+          if (PAIR) {
+#pragma unroll
+            for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
+          }
+        }
+      }
     }
   }
-  amk_gemv_row_end<DT, PAIR>(w, w2, xs, xp, r, valid, K, L, sub, s1, s2);
+  if (valid) {
+    for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
+      const float x = xs[xp.at(col)];
+      s1 += amk_w_at(w, r, col) * x;
+      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
+    }
+  }
+  for (int m = L / 2; m > 0; m >>= 1) {
+    s1 += amk_shfl_xor(s1, m);
+    if (PAIR) s2 += amk_shfl_xor(s2, m);
+  }
   a1 = s1;
   a2 = s2;
 }
@@ -364,110 +308,6 @@ AMK_DEVICE int amk_gemv_lanes(int K) {
   int L = AMK_WARP_SIZE;
   while (L > 4 && (L / 2) * U >= nvec) L >>= 1;
   return L;
-}
-
-// ---------------------------------------------------------------- the weight ring
-// A lane's registers hold one round of its weight loads (255 a thread; a second round's spill,
-// eval/PERF_NOTES.md item 43), so a warp streams nothing from a round's arrival until it has
-// summed it: the quantized rows, whose sums are long, stream ~60 % of the copy bandwidth
-// (items 34, 70). With the ring (bulk copies, sm_90+), lane 0 of each warp keeps the warp's
-// next rounds in flight into `slots` slots of shared memory, an mbarrier each, while the warp
-// sums the current one from there. A round is the register path's at 8 vectors a lane (the
-// same lanes, vectors and order of sums). The loader sizes it and packs the slots into the
-// record (AMK_P_RING, vm/loader.py gemv_ring_slots); builds without it compile none of this.
-
-
-template <int DT>
-AMK_DEVICE const char* amk_gemv_row_ptr(const AmkGemvW& w, int r) {
-  return (const char*)w.wb->ptr + (w.off + r * w.stride) * AmkWFmt<DT>::BITS / 8;
-}
-
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_ring(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                   AmkXPad xp, const float* xsums, float* acc, int rows, int K, float* ring,
-                                   int slots) {
-  using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
-  constexpr int m = PAIR ? 2 : 1, U = AMK_GEMV_RING_BYTES / (AMK_WARP_SIZE * 16 * m);  // vectors a lane and matrix
-  const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
-  int L = AMK_WARP_SIZE;  // lanes a row, as amk_gemv_lanes
-  while (L > 4 && (L / 2) * U >= nvec) L >>= 1;
-  const int per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L, span = L * U;  // span: a round's vectors of a row
-  const int rpr = (nvec + span - 1) / span;  // rounds a row
-  const int r_first = amk_warp() * per_warp, r_step = amk_nwarps() * per_warp;
-  const int nrounds = r_first < rows ? (rows - r_first + r_step - 1) / r_step * rpr : 0;
-  unsigned long long* bars = (unsigned long long*)ring + amk_warp() * slots;
-  char* slot0 = (char*)(ring + amk_ring_bar_words(slots)) + (long long)amk_warp() * slots * AMK_GEMV_RING_BYTES;
-  // lane 0: round j's pieces (span vectors of each of its rows, of w then w2) into slot j % slots
-  auto issue = [&](int j) {
-    const int r0 = r_first + j / rpr * r_step, v0 = j % rpr * span, n = min(span, nvec - v0);
-    const int live = min(per_warp, rows - r0);
-    char* dst = slot0 + (j % slots) * AMK_GEMV_RING_BYTES;
-    unsigned long long* bar = bars + j % slots;
-    if (AMK_GEMV_RING_FENCE_EACH) amk_stage_fence();
-    amk_stage_expect(bar, (unsigned)(live * m * n * 16));
-    for (int g = 0; g < live; ++g) {
-      amk_stage_copy(dst + g * m * span * 16, amk_gemv_row_ptr<DT>(w, r0 + g) + (amk_i64)v0 * 16, n * 16, bar);
-      if (PAIR)
-        amk_stage_copy(dst + (g * m + 1) * span * 16, amk_gemv_row_ptr<DT>(w2, r0 + g) + (amk_i64)v0 * 16, n * 16, bar);
-    }
-  };
-  if (amk_lane() == 0) {
-    for (int k = 0; k < slots; ++k) amk_stage_bar_init(bars + k);
-    amk_stage_fence();  // the block's generic accesses of this memory (other ops', after their barrier) come first
-    for (int j = 0; j < slots && j < nrounds; ++j) issue(j);
-  }
-  amk_syncwarp();
-  const auto rot = AmkXRot<F::VEC / 4>::of(sub);
-  // The scale (and zero) bits of a round are loaded a round ahead: loaded at its start, their
-  // round trip would be the round's latency again, the copies having landed long before.
-  AmkQRows q{};
-  AmkQBits b[U];
-  auto load_bits = [&](int j, AmkQBits* out) {  // round j's bits; q: its row's (at the row's first round)
-    const int r = r_first + j / rpr * r_step + amk_lane() / L, v0 = j % rpr * span + sub;
-    if (j % rpr == 0 && r < rows) q = amk_qrows<DT, PAIR>(w, w2, r);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (r < rows && v0 + u * L < nvec) out[u] = amk_qbits<DT, PAIR>(q, grp(v0 + u * L));
-  };
-  if constexpr (Q) load_bits(0, b);
-  float s1 = 0.0f, s2 = 0.0f;
-#pragma unroll 1
-  for (int j = 0; j < nrounds; ++j) {
-    const int k = j % rpr, r = r_first + j / rpr * r_step + amk_lane() / L, v0 = k * span + sub;
-    const bool valid = r < rows;
-    AmkQBits next[U];
-    if constexpr (Q) {
-      if (j + 1 < nrounds) load_bits(j + 1, next);
-    }
-    amk_stage_wait(bars + j % slots, (unsigned)(j / slots) & 1u);
-    const char* seg = slot0 + (j % slots) * AMK_GEMV_RING_BYTES + (amk_lane() / L) * m * span * 16;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = v0 + u * L;
-      if (valid && v < nvec) {
-        const amk_u32x4 raw1 = amk_ld16_shared(seg + (sub + u * L) * 16);
-        const amk_u32x4 raw2 = PAIR ? amk_ld16_shared(seg + (span + sub + u * L) * 16) : raw1;
-        amk_gemv_vec_acc<DT, PAIR>(raw1, raw2, xs + v * xstride, Z ? xsums[v] : 0.0f, q, b[u], rot, s1, s2);
-      }
-    }
-    amk_syncwarp();  // every lane's reads of the slot are done: it can take round j + slots
-    if (amk_lane() == 0 && j + slots < nrounds) issue(j + slots);
-    if constexpr (Q) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) b[u] = next[u];
-    }
-    if (k == rpr - 1) {  // the row's last round
-      amk_gemv_row_end<DT, PAIR>(w, w2, xs, xp, r, valid, K, L, sub, s1, s2);
-      if (sub == 0 && valid) {
-        acc[r * m] = s1;
-        if (PAIR) acc[r * m + 1] = s2;
-      }
-      s1 = s2 = 0.0f;
-    }
-  }
-  if (amk_lane() == 0)
-    for (int k = 0; k < slots; ++k) amk_stage_bar_inval(bars + k);  // the memory is another op's next
 }
 
 // Scalar fallback for slabs that are not 16-byte aligned; whole warp.
@@ -486,18 +326,10 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
-                              float* acc, int rows, int K, float* ring, int slots) {
+                              float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-#if AMK_GEMV_RING_ON
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
-    if (vec && slots > 0) {
-      amk_gemv_rows_ring<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K, ring, slots);
-      return;
-    }
-  }
-#endif
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
@@ -526,9 +358,9 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
-                                 const float* xsums, float* acc, int rows, int K, float* ring, int slots) {
+                                 const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
+    amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     return true;
   } else {
     return false;
@@ -537,13 +369,13 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
-                                  const float* xsums, float* acc, int rows, int K, float* ring, int slots) {
+                                  const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -611,13 +443,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   bool ok;
-  float* ring = epi + amk_round4(es.words());
-#ifndef AMK_GEMV_RING_UNUSED
-#define AMK_GEMV_RING_UNUSED 0  // experiment: the ring compiled in, never used (a code-size control)
-#endif
-  const int slots = AMK_GEMV_RING_ON && !AMK_GEMV_RING_UNUSED ? t.ip[AMK_P_RING] : 0;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K, ring, slots);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K, ring, slots);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

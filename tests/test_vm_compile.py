@@ -407,34 +407,3 @@ def test_x_pad_spacing_is_the_formats_vector():
         assert 1 << loader.gemv_x_pad_shift(dt) == vec
         assert loader.gemv_x_words(4 * vec, dt) == 4 * vec + 4 * 4
     assert loader.gemv_x_pad_shift(DType.BF16) == 0 and loader.gemv_x_words(64, DType.BF16) == 64
-
-
-def test_weight_ring_only_for_long_quantized_streams():
-    """The loader gives a GEMV task the weight ring (P_RING) only for quantized weights whose
-    busiest warp streams at least AMK_GEMV_RING_MIN_ROUNDS rounds, and only when
-    AMK_GEMV_RING_SLOTS asks for one: on the int8 1B with a quantized head that is the LM head
-    alone (61 rounds; gate/up 8, down 4), and the ring's words are added to its shared memory."""
-
-    from amk.eval.trace_step import shape_program
-
-    prog = shape_program("llama-3.2-1b", 64, Path("eval/configs/int8_g128_head.json"), 0)
-    by_id = {b.id: b for b in prog.buffers}
-    threads = prog.threads_per_block
-    gemvs = [t for t in prog.tasks if t.params.op == Op.GEMV]
-    rounds = {t.name.split(".")[-2 if "layers" in t.name else 0].split("[")[0]:
-              loader.gemv_ring_rounds(t.params, by_id[t.inputs[0].buf].dtype, threads) for t in gemvs}
-    assert rounds["lm_head"] == 61 and rounds["gate_up"] == 8 and rounds["down"] == 4
-    on = {"AMK_GEMV_RING_SLOTS": 3}
-    for t in gemvs:
-        wd = by_id[t.inputs[0].buf].dtype
-        slots = loader.gemv_ring_slots(t.params, wd, threads, on)
-        assert slots == (3 if t.name.startswith("lm_head") else 0), t.name
-        assert loader.gemv_ring_slots(t.params, wd, threads, {}) == 0
-        assert loader.gemv_ring_slots(t.params, wd, threads, {**on, "AMK_GEMV_RING_MIN_ROUNDS": 1}) == 3
-        assert loader.gemv_ring_slots(t.params, DType.BF16, threads, {**on, "AMK_GEMV_RING_MIN_ROUNDS": 1}) == 0
-    head = next(t for t in gemvs if t.name.startswith("lm_head"))
-    grow = loader._smem_words(head.params, threads, prog.kv_capacity, 4, 3) - loader._smem_words(
-        head.params, threads, prog.kv_capacity, 4, 0)
-    assert grow == loader.ring_words(3, threads) == 8 * 3 * 1024 + 48
-    with pytest.raises(ValueError):
-        loader.gemv_ring_slots(head.params, DType.I8, threads, {"AMK_GEMV_RING_SLOTS": -1})

@@ -93,69 +93,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// 16-byte load from shared memory (GEMV weights the ring brought there, instructions/gemv.cuh).
-AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) {
-  amk_u32x4 r;
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
-  return r;
-}
-
-// ---------------------------------------------------------------- bulk copies (sm_90+)
-// Global -> shared memory by the TMA, completed on an mbarrier: one thread issues a whole run
-// of weight bytes and no register holds them while they are in flight (the GEMV weight ring).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define AMK_HAS_STAGE 1
-#ifndef AMK_STAGE_L2_EVICT_FIRST
-#define AMK_STAGE_L2_EVICT_FIRST 1  // the copies' L2 lines evict-first (0: the default policy)
-#endif
-#ifndef AMK_STAGE_INIT_FENCE
-#define AMK_STAGE_INIT_FENCE 1  // experiment: 0 skips the mbarrier-init fence (the barrier is used by its own warp)
-#endif
-AMK_DEVICE unsigned amk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-AMK_DEVICE void amk_stage_bar_init(unsigned long long* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(amk_smem_addr(bar)) : "memory");
-  if (AMK_STAGE_INIT_FENCE) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// Before the barrier's memory serves anything else (another op's shared memory).
-AMK_DEVICE void amk_stage_bar_inval(unsigned long long* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(amk_smem_addr(bar)) : "memory");
-}
-// Arrive on bar expecting `bytes` more of asynchronous copies: its phase completes when they land.
-AMK_DEVICE void amk_stage_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(amk_smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-// Orders this thread's (and, after a barrier, its block's) earlier generic accesses of shared
-// memory before its later bulk copies into it.
-AMK_DEVICE void amk_stage_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// Copy `bytes` (a multiple of 16, both ends 16-byte aligned) of immutable global data into shared memory.
-AMK_DEVICE void amk_stage_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  if (AMK_STAGE_L2_EVICT_FIRST) {
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(amk_smem_addr(dst)), "l"(src), "r"(bytes), "r"(amk_smem_addr(bar)), "l"(policy)
-                 : "memory");
-    return;
-  }
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(amk_smem_addr(dst)), "l"(src), "r"(bytes), "r"(amk_smem_addr(bar))
-               : "memory");
-}
-// Wait until the phase of bar with this parity has completed (its copies are visible).
-AMK_DEVICE void amk_stage_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(amk_smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
-#endif
-
 // Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3): one PRMT, which builds
 // a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
 AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }

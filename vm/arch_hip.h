@@ -74,9 +74,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   return r;
 }
 
-// 16-byte load from shared memory (no HIP build has the GEMV weight ring, vm/portability.h).
-AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) { return *(const amk_u32x4*)p; }
-
 // Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3), as CUDA's __byte_perm
 // (v_perm_b32): builds a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
 AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }

@@ -105,7 +105,7 @@ ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 # AmkParamIndex
 PARAM_INDEX = {
     "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
-    "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10, "P_X_PAD": 11, "P_RING": 12,
+    "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10, "P_X_PAD": 11,
     "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
@@ -154,7 +154,7 @@ def attn_score_cap(p, kv_capacity: int) -> int:
     return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
 
 
-def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shift: int, ring_slots: int) -> None:
+def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shift: int) -> None:
     op = p.op
     if op in (Op.GEMV, Op.REDUCE):
         ip[_P("P_ROWS")], ip[_P("P_EPILOGUE")], ip[_P("P_HAS_BIAS")] = p.rows, int(p.epilogue), int(p.has_bias)
@@ -164,7 +164,7 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shif
         if op == Op.GEMV:
             ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
             ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
-            ip[_P("P_X_PAD")], ip[_P("P_RING")] = x_pad_shift, ring_slots
+            ip[_P("P_X_PAD")] = x_pad_shift
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -208,42 +208,6 @@ def gemv_x_pad_shift(wdtype: DType) -> int:
     return shift if experiment_defines().get("AMK_GEMV_XPAD", 1) else 0
 
 
-RING_SLOT_BYTES = 4096  # a GEMV weight ring slot (instructions/gemv.cuh AMK_GEMV_RING_BYTES)
-
-
-def gemv_ring_rounds(p, wdtype: DType, threads: int) -> int:
-    """Rounds of 4 KB that the busiest warp of a quantized GEMV task streams (the geometry of
-    instructions/gemv.cuh amk_gemv_rows_ring: 8 vectors a lane, split between a pair's matrices)."""
-    vec = {DType.I8: 16, DType.U4: 32}[wdtype]
-    per_lane = RING_SLOT_BYTES // (WARP * 16 * gemv_rows_width(p))
-    nvec = (p.k_hi - p.k_lo) // vec
-    lanes = WARP
-    while lanes > 4 and (lanes // 2) * per_lane >= nvec:
-        lanes //= 2
-    rows_a_step = (threads // WARP) * (WARP // lanes)
-    return -(-p.rows // rows_a_step) * -(-nvec // (lanes * per_lane))
-
-
-def gemv_ring_slots(p, wdtype: DType, threads: int, defines: dict[str, int]) -> int:
-    """Weight ring slots a warp for a GEMV task (the task record's P_RING, instructions/gemv.cuh
-    amk_gemv_rows_ring): AMK_GEMV_RING_SLOTS of the experiment defines for quantized weights
-    whose busiest warp streams at least AMK_GEMV_RING_MIN_ROUNDS rounds (default 16: a ring
-    only gains over many rounds, eval/PERF_NOTES.md item 106); 0, the register path, otherwise
-    and by default. Architectures without bulk copies (AMK_HAS_STAGE 0) ignore it."""
-    slots = defines.get("AMK_GEMV_RING_SLOTS", 0)
-    if slots < 0:
-        raise ValueError(f"AMK_GEMV_RING_SLOTS={slots}: slots a warp, 0 for none")
-    if slots == 0 or p.op != Op.GEMV or wdtype not in (DType.I8, DType.U4):
-        return 0
-    return slots if gemv_ring_rounds(p, wdtype, threads) >= defines.get("AMK_GEMV_RING_MIN_ROUNDS", 16) else 0
-
-
-def ring_words(slots: int, threads: int) -> int:
-    """Words of a GEMV's weight ring (amk_ring_words): the warps' barriers, then their slots."""
-    nwarps = threads // WARP
-    return ((2 * nwarps * slots + 3) & ~3) + nwarps * slots * RING_SLOT_BYTES // 4 if slots else 0
-
-
 def gemv_x_words(k: int, wdtype: DType) -> int:
     """Words of a GEMV's staged x (instructions/gemv.cuh amk_xs_words)."""
     return _x_words(k, gemv_x_pad_shift(wdtype))
@@ -255,13 +219,12 @@ def _x_words(k: int, shift: int) -> int:
 
 def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
-    (wdtype: a GEMV's weight dtype, which sizes its staged x and its weight ring; no default, as
-    for _pack_params: a caller that forgot it would size a quantized GEMV's padded x too small)."""
-    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype),
-                       gemv_ring_slots(p, wdtype, threads, experiment_defines()))
+    (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
+    a caller that forgot it would size a quantized GEMV's padded x too small)."""
+    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype))
 
 
-def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, ring_slots: int) -> int:
+def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
@@ -270,7 +233,7 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, ring_slots:
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
         norm = r4(k) if p.norm_eps is not None else 0
         return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
-                + r4(epilogue_staged_words(p)) + ring_words(ring_slots, threads))
+                + r4(epilogue_staged_words(p)))
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -311,9 +274,7 @@ class PackedProgram:
         gemv_wdtypes: set[DType] = set()
         hint_min_bytes = int(_vm_meta(program).get("prefetch_min_kb", 0)) * 1024  # smaller GEMVs: no hints
         by_id = {b.id: b for b in program.buffers}
-        # per weight dtype (each reads $AMK_VM_DEFINES once, not per task)
-        x_pad_shift: dict[DType, int] = {}
-        defines = experiment_defines()
+        x_pad_shift: dict[DType, int] = {}  # per weight dtype (reads $AMK_VM_DEFINES once, not per task)
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
@@ -347,9 +308,8 @@ class PackedProgram:
                 rec["waits"][s] = (c, w.threshold, producers[c], int(program.counters[c].scope))
             if wdtype not in x_pad_shift:
                 x_pad_shift[wdtype] = gemv_x_pad_shift(wdtype)
-            ring_slots = gemv_ring_slots(p, wdtype, threads, defines)
-            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype], ring_slots)
-            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype], ring_slots))
+            _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype])
+            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype]))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths

@@ -6,14 +6,11 @@
 // Each provides: AMK_DEVICE, AMK_DEVICE_NOINLINE, AMK_WARP_SIZE (overridable with -DAMK_WARP_SIZE=..),
 // amk_ld_acquire_gpu, amk_release_add_gpu, amk_fence_gpu, amk_ld_volatile, amk_nanosleep,
 // amk_timer_ns, amk_prefetch_l2, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
-// amk_ld16_weight, amk_ld16_shared, bf16/f16 <-> f32 conversions and the exact arithmetic helpers (amk_mul,
+// amk_ld16_weight, bf16/f16 <-> f32 conversions and the exact arithmetic helpers (amk_mul,
 // amk_add, amk_sub, amk_div, amk_rsqrt; the rest of the math is below), and the
 // shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).
 // A chiplet architecture (vm/arch_hip_gfx94.h) also provides amk_ld_acquire_xcd /
 // amk_release_add_xcd and defines AMK_HAS_XCD_SCOPE; elsewhere XCD scope is device scope.
-// An architecture with bulk copies into shared memory on an mbarrier (sm_90+) defines
-// AMK_HAS_STAGE 1 and amk_stage_bar_init / _bar_inval / _expect / _fence / _copy / _wait (the GEMV
-// weight ring, instructions/gemv.cuh); elsewhere they do nothing and the ring is not used.
 #pragma once
 
 #if defined(AMK_ARCH_EMU)
@@ -34,17 +31,6 @@ AMK_DEVICE float amk_sin(float a) { return sinf(a); }
 AMK_DEVICE bool amk_isnan(float a) { return a != a; }
 AMK_DEVICE float amk_neg_inf() { return __int_as_float((int)0xff800000u); }
 AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
-
-// ---------------------------------------------------------------- bulk copies
-#ifndef AMK_HAS_STAGE
-#define AMK_HAS_STAGE 0
-AMK_DEVICE void amk_stage_bar_init(unsigned long long*) {}
-AMK_DEVICE void amk_stage_bar_inval(unsigned long long*) {}
-AMK_DEVICE void amk_stage_fence() {}
-AMK_DEVICE void amk_stage_expect(unsigned long long*, unsigned) {}
-AMK_DEVICE void amk_stage_copy(void*, const void*, unsigned, unsigned long long*) {}
-AMK_DEVICE void amk_stage_wait(unsigned long long*, unsigned) {}
-#endif
 
 // ---------------------------------------------------------------- counter scopes
 #ifndef AMK_HAS_XCD_SCOPE

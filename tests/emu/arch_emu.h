@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -44,17 +42,6 @@ struct AmkEmuBlock {
   std::vector<unsigned> exch;
   std::vector<float4> dyn;
   std::vector<float4> arena;  // AMK_BLOCK_SHARED variables, 1 KiB each
-  struct StageCopy {
-    void* dst;
-    const void* src;
-    unsigned bytes;
-  };
-  struct StageBar {  // an emulated mbarrier: the phases begun, the copies of the open one
-    unsigned phases = 0, expected = 0, copied = 0;
-    std::vector<StageCopy> pending;
-  };
-  std::mutex stage_mu;
-  std::map<const void*, StageBar> stage_bars;
 };
 
 inline thread_local amk_dim3 threadIdx, blockIdx, blockDim;
@@ -123,47 +110,6 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   memcpy(&r, p, 16);
   return r;
 }
-AMK_DEVICE amk_u32x4 amk_ld16_shared(const void* p) { return amk_ld16_weight(p); }
-
-// Bulk copies (the GEMV weight ring): a copy fills its destination with 0xff bytes at once (NaN
-// for floats, code -1 / 15 for quantized weights) and lands only when a thread waits for its
-// phase, so a read before the wait computes garbage. The wait checks the parity it is given
-// against the phase last begun and the bytes copied against the bytes expected; a barrier
-// re-initialised or invalidated with a copy still pending traps.
-#define AMK_HAS_STAGE 1
-inline AmkEmuBlock::StageBar& amk_emu_stage_bar(const void* bar) { return amk_emu_block->stage_bars[bar]; }
-AMK_DEVICE void amk_emu_stage_forget(unsigned long long* bar) {
-  std::lock_guard<std::mutex> lock(amk_emu_block->stage_mu);
-  auto it = amk_emu_block->stage_bars.find(bar);
-  if (it != amk_emu_block->stage_bars.end() && !it->second.pending.empty()) __builtin_trap();
-  amk_emu_block->stage_bars.erase(bar);
-}
-AMK_DEVICE void amk_stage_bar_init(unsigned long long* bar) { amk_emu_stage_forget(bar); }
-AMK_DEVICE void amk_stage_bar_inval(unsigned long long* bar) { amk_emu_stage_forget(bar); }
-AMK_DEVICE void amk_stage_fence() {}
-AMK_DEVICE void amk_stage_expect(unsigned long long* bar, unsigned bytes) {
-  std::lock_guard<std::mutex> lock(amk_emu_block->stage_mu);
-  auto& b = amk_emu_stage_bar(bar);
-  if (!b.pending.empty() || b.copied != b.expected) __builtin_trap();  // the last phase was never waited for
-  b.phases += 1, b.expected = bytes, b.copied = 0;
-}
-AMK_DEVICE void amk_stage_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  if ((uintptr_t)dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) __builtin_trap();  // the TMA's rules
-  std::lock_guard<std::mutex> lock(amk_emu_block->stage_mu);
-  auto& b = amk_emu_stage_bar(bar);
-  if (b.phases == 0) __builtin_trap();  // a copy without an open phase
-  memset(dst, 0xff, bytes);
-  b.pending.push_back({dst, src, bytes});
-}
-AMK_DEVICE void amk_stage_wait(unsigned long long* bar, unsigned parity) {
-  std::lock_guard<std::mutex> lock(amk_emu_block->stage_mu);
-  auto& b = amk_emu_stage_bar(bar);
-  if (b.phases == 0 || parity != ((b.phases - 1) & 1)) __builtin_trap();  // not the phase last begun
-  for (const auto& c : b.pending) memcpy(c.dst, c.src, c.bytes), b.copied += c.bytes;
-  b.pending.clear();
-  if (b.copied != b.expected) __builtin_trap();
-}
-
 AMK_DEVICE float __uint_as_float(unsigned u) {
   float f;
   memcpy(&f, &u, 4);
