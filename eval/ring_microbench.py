@@ -1,15 +1,17 @@
 """Does a per-warp ring of TMA bulk copies stream weights faster than register loads?
 
 A stand-alone kernel (not the megakernel), one block of 8 warps per SM, each warp streaming
-its own contiguous slice of a 260 MB byte matrix in rounds of 4 KB (32 lanes x 8 vectors of
-16 bytes, the GEMV's round), with or without the int8 GEMV's arithmetic per vector
-(byte-permute, subtract, FMA with x from shared memory). `reg`: each lane loads its 8 vectors
-into registers, then sums them (the megakernel's register path). `ring`: lane 0 keeps
-`slots` rounds in flight in shared memory by cp.async.bulk on an mbarrier a slot, copies of
-`piece` bytes (with or without a proxy fence before each), and the warp sums from there
-(instructions/gemv.cuh amk_gemv_rows_ring). Prints GB/s per variant (median of 20 launches).
+its own contiguous slice of a byte matrix (60 rounds a warp: 260 MB on an H100) in rounds of
+4 KB (32 lanes x 8 vectors of 16 bytes, the GEMV's round), with or without the int8 GEMV's
+arithmetic per vector (byte-permute, subtract, FMA with x from shared memory). `reg`: each
+lane loads its 8 vectors into registers, then sums them (the megakernel's register path).
+`ring`: lane 0 keeps `slots` rounds in flight in shared memory by cp.async.bulk on an mbarrier
+a slot, copies of `piece` bytes (with or without a proxy fence before each), and the warp sums
+from there (the megakernel's weight ring of eval/PERF_NOTES.md item 106, measured slower there
+and reverted; its code is at b14d8b4). Prints GB/s per variant (median of 20 launches) and
+flags a ring variant whose sums differ from the register path's.
 
-    python -m amk.eval.ring_microbench          # needs an sm_90 GPU and CuPy
+    python -m amk.eval.ring_microbench [--rounds 60] [--copies 1] [--json]   # an sm_90 GPU, CuPy
 """
 from __future__ import annotations
 
@@ -111,6 +113,12 @@ stream_ring(const char* __restrict__ w, long long rounds, float* out, int work, 
 """
 
 
+# (slots a warp, rounds a slot, bytes a bulk copy, a proxy fence before each copy)
+RING_VARIANTS = [(2, 1, 4096, 1), (3, 1, 4096, 1), (4, 1, 4096, 1), (3, 1, 2048, 1), (3, 1, 4096, 0),
+                 (2, 2, 8192, 1), (3, 2, 8192, 0), (2, 4, 16384, 0), (2, 1, 4096, 0), (3, 1, 1024, 0),
+                 (6, 1, 4096, 0)]
+
+
 def main(argv=None) -> int:
     import cupy as cp
     import numpy as np
@@ -123,6 +131,8 @@ def main(argv=None) -> int:
                          "the L2's 50 MB keep each launch's bytes out of it)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.rounds < 1 or a.copies < 1:
+        ap.error("--rounds and --copies take positive integers")
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
     mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=None)
@@ -149,9 +159,7 @@ def main(argv=None) -> int:
         t = timed(reg, (np.int64(a.rounds), out, np.int32(work)), 4096 * 4)
         results.append({"variant": "reg", "work": work, "GBps": nbytes / t / 1e9})
         ref = float(cp.asnumpy(out).astype(np.float64).sum())
-        for slots, per_slot, piece, fence in [(2, 1, 4096, 1), (3, 1, 4096, 1), (4, 1, 4096, 1), (3, 1, 2048, 1),
-                                              (3, 1, 4096, 0), (2, 2, 8192, 1), (3, 2, 8192, 0), (2, 4, 16384, 0), (2, 1, 4096, 0),
-                                              (3, 1, 1024, 0), (6, 1, 4096, 0)]:
+        for slots, per_slot, piece, fence in RING_VARIANTS:
             smem = 4096 * 4 + 8 * 8 * 8 + 8 * slots * per_slot * 4096
             if a.rounds % per_slot or smem > dev.attributes["MaxSharedMemoryPerBlockOptin"]:
                 continue
@@ -167,7 +175,8 @@ def main(argv=None) -> int:
         print(f"{nbytes / 1e6:.0f} MB streamed by {sms} blocks x 8 warps ({a.rounds} rounds a warp, {a.copies} "
               f"copies); GB/s (median of 20)")
         for r in results:
-            print(f"  work={r['work']}  {r['GBps']:7.0f}  {r['variant']}" + ("" if r.get("same_sum_as_reg", True) else "  SUM DIFFERS"))
+            flag = "" if r.get("same_sum_as_reg", True) else "  SUM DIFFERS"
+            print(f"  work={r['work']}  {r['GBps']:7.0f}  {r['variant']}{flag}")
     return 0
 
 
