@@ -47,7 +47,8 @@ stream_reg(const char* __restrict__ w, long long rounds, float* out, int work) {
 #pragma unroll
     for (int u = 0; u < 8; ++u)
       asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w) : "l"(base + r * ROUND + u * 512 + lane * 16));
+                   : "=r"(v[u].x), "=r"(v[u].y), "=r"(v[u].z), "=r"(v[u].w)
+                   : "l"(base + r * ROUND + u * 512 + lane * 16));
 #pragma unroll
     for (int u = 0; u < 8; ++u) s += vec_sum(v[u], xs + ((u * 32 + lane) * 20) % 4000, work);
   }
@@ -69,7 +70,8 @@ stream_ring(const char* __restrict__ w, long long rounds, float* out, int work, 
   const long long nchunks = rounds / per_slot;
   auto issue = [&](long long j) {
     const int k = (int)(j % slots);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar + k)), "r"(slot_bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 ::"r"(smem_addr(bar + k)), "r"(slot_bytes) : "memory");
     for (int off = 0; off < slot_bytes; off += piece) {
       if (fence) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -78,7 +80,8 @@ stream_ring(const char* __restrict__ w, long long rounds, float* out, int work, 
     }
   };
   if (lane == 0) {
-    for (int k = 0; k < slots; ++k) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + k)) : "memory");
+    for (int k = 0; k < slots; ++k)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + k)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
