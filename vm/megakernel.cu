@@ -55,6 +55,13 @@
 #define AMK_PREFETCH_KB 64
 #endif
 
+// The next task's record hinted into the L2 while this one runs (one thread, right after this
+// record's copy): 6 MB of records a step are read once each, so the copy that starts every hop
+// (the first of its two dependent round trips, eval/PERF_NOTES.md item 103) is an HBM miss.
+#ifndef AMK_PREFETCH_NEXT_RECORD
+#define AMK_PREFETCH_NEXT_RECORD 1
+#endif
+
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
@@ -152,7 +159,14 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
     const int* src = (const int*)(tasks + queue_tasks[qi]);
+    const bool hint_next = AMK_PREFETCH_NEXT_RECORD && threadIdx.x == AMK_WARP_SIZE % blockDim.x && qi + 1 < q1;
+    const int next = hint_next ? queue_tasks[qi + 1] : 0;  // loaded beside this record's index
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
+    if (hint_next) {
+      const char* rec = (const char*)(tasks + next);
+      for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(rec + off);
+      amk_prefetch_l2(rec + sizeof(AmkTask) - 1);
+    }
     amk_syncthreads();
     // The task's buffer descriptors move to shared memory before the wait (operand slot s
     // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
