@@ -160,6 +160,7 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
   for (int qi = q0; qi < q1; ++qi) {
     const int* src = (const int*)(tasks + queue_tasks[qi]);
+    // (warp 1's first thread, not the waiter; thread 0 in a block of one warp)
     const bool hint_next = AMK_PREFETCH_NEXT_RECORD && threadIdx.x == AMK_WARP_SIZE % blockDim.x && qi + 1 < q1;
     const int next = hint_next ? queue_tasks[qi + 1] : 0;  // loaded beside this record's index
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
