@@ -338,19 +338,24 @@ def _config(config_path):
     return ScheduleConfig.model_validate_json(open(config_path).read())
 
 
+def _shape_spec(shape: str):
+    """The bf16 ModelSpec of a shape name (eval/shapes.py), as the traced models are built."""
+    from amk.eval.shapes import shape_config
+    from amk.schedule.importer import spec_from_hf_config
+
+    return spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
+
+
 def shape_program(shape: str, ctx: int, config_path, extra_capacity: int, target: str = "h100"):
     """The program `shape_vm` traces, lowered on the CPU (no weights) for `target`."""
-    from amk.eval.shapes import shape_config
     from amk.schedule.config import ScheduleConfig
-    from amk.schedule.importer import spec_from_hf_config
     from amk.schedule.lower import lower
     from amk.schedule.targets import get_target
 
     cfg = _config(config_path) or ScheduleConfig()
     if cfg.dtype is None:
         cfg = cfg.model_copy(update={"dtype": "bfloat16"})
-    spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
-    return lower(spec, cfg, get_target(target), kv_capacity=ctx + extra_capacity)
+    return lower(_shape_spec(shape), cfg, get_target(target), kv_capacity=ctx + extra_capacity)
 
 
 def shape_vm(shape: str, ctx: int, config_path, extra_capacity: int, **vm_kwargs):
@@ -358,11 +363,10 @@ def shape_vm(shape: str, ctx: int, config_path, extra_capacity: int, **vm_kwargs
     its KV cache filled by real steps at positions 0 .. ctx-1, so the next step runs at ctx:
     what the diagnostics (this trace, eval/ncu_step.py) look at. Prints how long each took."""
     import amk.api
-    from amk.eval.shapes import random_weights_like, shape_config
-    from amk.schedule.importer import spec_from_hf_config
+    from amk.eval.shapes import random_weights_like
     from amk.vm.loader import CudaVM
 
-    spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
+    spec = _shape_spec(shape)
     weights = random_weights_like(spec, "cuda", "bfloat16", 0)
     mk = amk.api.compile(loaded=(spec, weights), config=_config(config_path), dtype="bfloat16",
                          kv_capacity=ctx + extra_capacity)
@@ -407,7 +411,8 @@ def main() -> None:
     if a.rows_phase:
         raw = load_raw(a.rows_phase)
         print("GEMV rows phase (prologue done -> rows done), mean us, by task kind and rows:")
-        for (kind, rows), (n, us) in sorted(rows_phase(raw, shape_program(a.shape, a.ctx, a.config, EXTRA_CAPACITY)).items()):
+        phases = rows_phase(raw, shape_program(a.shape, a.ctx, a.config, EXTRA_CAPACITY))
+        for (kind, rows), (n, us) in sorted(phases.items()):
             print(f"  {kind[:44]:44s} rows {rows:6d}  n={n:6d}  {us:9.2f}")
         return
     if a.hops:
