@@ -80,9 +80,16 @@ static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 // the index loads it, with no barrier in between.
 #define AMK_REC_WORDS ((int)(sizeof(AmkTask) / 4))
 #define AMK_REC_SHARE ((AMK_REC_WORDS + AMK_BLOCK_THREADS - 1) / AMK_BLOCK_THREADS)
-static_assert(__builtin_offsetof(AmkTask, out) == __builtin_offsetof(AmkTask, in) + AMK_MAX_INPUTS * sizeof(AmkOperand),
-              "in[] and out[] are one array of operand slots");
-static_assert(__builtin_offsetof(AmkTask, in) % 4 == 0 && sizeof(AmkOperand) % 4 == 0, "operands are whole words");
+// in[] then out[] end the record (vm/tables.h), so its operand slots are its last words, and an
+// operand's buffer index follows its two 8-byte fields. (The offsets are checked where a
+// compiler has offsetof for certain: NVRTC's front end did not take __builtin_offsetof.)
+#define AMK_REC_SLOT0 ((int)((sizeof(AmkTask) - (AMK_MAX_INPUTS + AMK_MAX_OUTPUTS) * sizeof(AmkOperand)) / 4))
+#define AMK_REC_BUF_WORD 4
+#ifdef AMK_ARCH_EMU
+static_assert(offsetof(AmkTask, in) == 4 * AMK_REC_SLOT0, "in[] then out[] end the record");
+static_assert(offsetof(AmkTask, out) == offsetof(AmkTask, in) + AMK_MAX_INPUTS * sizeof(AmkOperand), "one slot array");
+static_assert(offsetof(AmkOperand, buf) == 4 * AMK_REC_BUF_WORD, "the buffer index's word");
+#endif
 struct AmkRecordShare {
   int w[AMK_REC_SHARE];
   AMK_DEVICE void load(const AmkTask* t) {
@@ -95,10 +102,9 @@ struct AmkRecordShare {
   }
   // The operand slot whose buffer index is word k of a record, or -1.
   static AMK_DEVICE int slot_of(int k) {
-    constexpr int first = (int)(__builtin_offsetof(AmkTask, in) / 4), per = (int)(sizeof(AmkOperand) / 4);
-    constexpr int at = (int)(__builtin_offsetof(AmkOperand, buf) / 4), slots = (int)(AMK_MAX_INPUTS + AMK_MAX_OUTPUTS);
-    const int r = k - first;
-    return r >= 0 && r < slots * per && r % per == at ? r / per : -1;
+    constexpr int per = (int)(sizeof(AmkOperand) / 4), slots = (int)(AMK_MAX_INPUTS + AMK_MAX_OUTPUTS);
+    const int r = k - AMK_REC_SLOT0;
+    return r >= 0 && r < slots * per && r % per == AMK_REC_BUF_WORD ? r / per : -1;
   }
   static AMK_DEVICE void put(AmkTask& dst, AmkBuffer* slots, const AmkBuffer* __restrict__ bufs, int k, int v) {
     const int s = slot_of(k);
