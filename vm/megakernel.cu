@@ -63,67 +63,7 @@
 #define AMK_PREFETCH_NEXT_RECORD 1
 #endif
 
-// The next task's record loaded into registers at the end of the op, so that its round trip
-// runs under the block's last barrier and counter release instead of after them (the
-// turnover of a hop: eval/PERF_NOTES.md items 103, 109); its buffer descriptors follow once
-// the words have arrived. 0: the record copied at the top of the task, as before.
-#ifndef AMK_RECORD_AHEAD
-#define AMK_RECORD_AHEAD 0
-#endif
-
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
-
-// One thread's share of a task record (words tid, tid + blockDim.x, ...), in registers for a
-// block of AMK_BLOCK_THREADS (a smaller block copies the words its registers miss at the store).
-// Storing it to shared memory makes each operand's buffer index its slot (in[k]: k, out[k]:
-// AMK_MAX_INPUTS + k) and copies that buffer's descriptor into the slot: the thread holding
-// the index loads it, with no barrier in between.
-#define AMK_REC_WORDS ((int)(sizeof(AmkTask) / 4))
-#define AMK_REC_SHARE ((AMK_REC_WORDS + AMK_BLOCK_THREADS - 1) / AMK_BLOCK_THREADS)
-// in[] then out[] end the record (vm/tables.h), so its operand slots are its last words, and an
-// operand's buffer index follows its two 8-byte fields. (The offsets are checked where a
-// compiler has offsetof for certain: NVRTC's front end did not take __builtin_offsetof.)
-#define AMK_REC_SLOT0 ((int)((sizeof(AmkTask) - (AMK_MAX_INPUTS + AMK_MAX_OUTPUTS) * sizeof(AmkOperand)) / 4))
-#define AMK_REC_BUF_WORD 4
-#ifdef AMK_ARCH_EMU
-static_assert(offsetof(AmkTask, in) == 4 * AMK_REC_SLOT0, "in[] then out[] end the record");
-static_assert(offsetof(AmkTask, out) == offsetof(AmkTask, in) + AMK_MAX_INPUTS * sizeof(AmkOperand), "one slot array");
-static_assert(offsetof(AmkOperand, buf) == 4 * AMK_REC_BUF_WORD, "the buffer index's word");
-#endif
-struct AmkRecordShare {
-  int w[AMK_REC_SHARE];
-  AMK_DEVICE void load(const AmkTask* t) {
-    const int* src = (const int*)t;
-#pragma unroll
-    for (int i = 0; i < AMK_REC_SHARE; ++i) {
-      const int k = threadIdx.x + i * blockDim.x;
-      if (k < AMK_REC_WORDS) w[i] = src[k];
-    }
-  }
-  // The operand slot whose buffer index is word k of a record, or -1.
-  static AMK_DEVICE int slot_of(int k) {
-    constexpr int per = (int)(sizeof(AmkOperand) / 4), slots = (int)(AMK_MAX_INPUTS + AMK_MAX_OUTPUTS);
-    const int r = k - AMK_REC_SLOT0;
-    return r >= 0 && r < slots * per && r % per == AMK_REC_BUF_WORD ? r / per : -1;
-  }
-  static AMK_DEVICE void put(AmkTask& dst, AmkBuffer* slots, const AmkBuffer* __restrict__ bufs, int k, int v) {
-    const int s = slot_of(k);
-    if (s >= 0) {  // (an unused slot holds buffer 0, a valid index: its copy is harmless)
-      slots[s] = bufs[v];
-      v = s;
-    }
-    ((int*)&dst)[k] = v;
-  }
-  AMK_DEVICE void store(const AmkTask* t, AmkTask& dst, AmkBuffer* slots, const AmkBuffer* __restrict__ bufs) const {
-#pragma unroll
-    for (int i = 0; i < AMK_REC_SHARE; ++i) {
-      const int k = threadIdx.x + i * blockDim.x;
-      if (k < AMK_REC_WORDS) put(dst, slots, bufs, k, w[i]);
-    }
-    for (int k = threadIdx.x + AMK_REC_SHARE * blockDim.x; k < AMK_REC_WORDS; k += blockDim.x)
-      put(dst, slots, bufs, k, ((const int*)t)[k]);
-  }
-};
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
 // partial's KV rows too, instructions/attention.cuh), spread over
@@ -218,37 +158,29 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.marks = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-  AmkRecordShare rec{};
-  if (AMK_RECORD_AHEAD && q0 < q1) rec.load(tasks + queue_tasks[q0]);
   for (int qi = q0; qi < q1; ++qi) {
+    const int* src = (const int*)(tasks + queue_tasks[qi]);
     // (warp 1's first thread, not the waiter; thread 0 in a block of one warp)
     const bool hint_next = AMK_PREFETCH_NEXT_RECORD && threadIdx.x == AMK_WARP_SIZE % blockDim.x && qi + 1 < q1;
     const int next = hint_next ? queue_tasks[qi + 1] : 0;  // loaded beside this record's index
-    if (AMK_RECORD_AHEAD) {
-      rec.store(tasks + queue_tasks[qi], s_task, s_bufs.b, bufs);
-    } else {
-      const int* src = (const int*)(tasks + queue_tasks[qi]);
-      for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
-    }
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
     if (hint_next) {
-      const char* rec_next = (const char*)(tasks + next);
-      for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(rec_next + off);
-      amk_prefetch_l2(rec_next + sizeof(AmkTask) - 1);
+      const char* rec = (const char*)(tasks + next);
+      for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(rec + off);
+      amk_prefetch_l2(rec + sizeof(AmkTask) - 1);
     }
-    if (!AMK_RECORD_AHEAD) {
-      amk_syncthreads();
-      // The task's buffer descriptors move to shared memory before the wait (operand slot s
-      // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
-      const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
-      if ((int)threadIdx.x < n_ops) {
-        AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
-        s_bufs.b[threadIdx.x] = bufs[o.buf];
-        o.buf = threadIdx.x;
-      }
+    amk_syncthreads();
+    // The task's buffer descriptors move to shared memory before the wait (operand slot s
+    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
+    if ((int)threadIdx.x < n_ops) {
+      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
+      s_bufs.b[threadIdx.x] = bufs[o.buf];
+      o.buf = threadIdx.x;
     }
     if (threadIdx.x == 0) s_waiting = 1;
-    amk_syncthreads();
     const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
+    amk_syncthreads();
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
@@ -278,7 +210,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (!s_go) break;
 
     amk_dispatch(c);
-    if (AMK_RECORD_AHEAD && qi + 1 < q1) rec.load(tasks + queue_tasks[qi + 1]);  // stored after the release
     amk_syncthreads();
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) {
