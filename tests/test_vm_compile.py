@@ -185,9 +185,9 @@ def _nvrtc_version() -> tuple[int, int]:
         pytest.skip(f"NVRTC unavailable: {type(e).__name__}: {e}")
 
 
-# The GPU image's NVRTC is 13.0 (the `test` extra pins nvidia-cuda-nvrtc to it): a newer one
-# accepted __builtin_offsetof in a static_assert, which the H100's rejected, and only the
-# device run found out (eval/PERF_NOTES.md item 110). Each build is what the loader compiles
+# The `test` extra pins nvidia-cuda-nvrtc to 13.0.88: the GPU image's NVRTC rejected a
+# __builtin_offsetof in a static_assert with 13.0.88's very error, which 13.5 accepts, and only
+# the device run found out (eval/PERF_NOTES.md item 110). Each build is what the loader compiles
 # for the H100, with $AMK_VM_DEFINES applied as the loader applies it, so a variant can be
 # checked here before a device call: AMK_VM_DEFINES=AMK_X=1 pytest tests/test_vm_compile.py -k nvrtc
 @pytest.mark.parametrize("build", ["generic", *compile_check.SPECIALIZED])
