@@ -27,7 +27,7 @@ AMK_DEVICE AmkEpiStage amk_epi_stage_of(const AmkTask& t) {
   AmkEpiStage s;
   s.n_res = ep == AMK_EPILOGUE_ADD ? rows : 0;
   s.n_bias = AMK_EPI_BIAS && t.ip[AMK_P_HAS_BIAS] != 0 ? rows : 0;
-  s.n_freq = rope ? t.ip[AMK_P_HEAD_DIM] / 2 : 0;
+  s.n_freq = rope ? rows / 2 : 0;  // head_dim/2 frequencies for each head (ir.GemvParams)
   s.has_pos = rope || ep == AMK_EPILOGUE_APPEND ? 1 : 0;
   return s;
 }
@@ -104,7 +104,7 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
         amk_syncwarp();
         if (head_norm) amk_warp_head_norm(c, head, hd, amk_in(c, AMK_ROLE_HEAD_GAMMA), t.fp[AMK_F_HEAD_NORM_EPS], dt);
         amk_warp_rope(c, head, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), staged ? staged + es.n_res + es.n_bias : nullptr,
-                      y, (amk_i64)h * hd);
+                      h * (hd / 2), y, (amk_i64)h * hd);
       }
       break;
     }

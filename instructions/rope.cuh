@@ -8,16 +8,18 @@
 // e0 .. e0+hd of output operand y (flat, or KV row pos for kv == APPEND):
 //   y[i] = h[i] cos - h[i+d/2] sin,  y[i+d/2] = h[i+d/2] cos + h[i] sin,  angle = pos * inv_freq[i],
 // cos, sin and each product rounded to y's dtype (HF's half-precision RoPE; F32: no-ops).
-// freq_s: inv_freq[0:hd/2) already in shared memory (the GEMV prologue staged it), or nullptr.
+// The head's frequencies are inv_freq[f0 : f0 + hd/2) (a GEMV epilogue's head h: f0 = h * hd/2;
+// the standalone ROPE op shares f0 = 0); freq_s: inv_freq already in shared memory (the GEMV
+// prologue staged it), or nullptr.
 AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, const AmkOperand& inv_freq,
-                              const float* freq_s, const AmkOperand& y, amk_i64 e0) {
+                              const float* freq_s, int f0, const AmkOperand& y, amk_i64 e0) {
   const AmkBuffer& fb = amk_buf(c, inv_freq);
   const AmkBuffer& yb = amk_buf(c, y);
   const int half = hd / 2;
   const float p = (float)pos;
   const int dt = yb.dtype;
   for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
-    const float ang = amk_mul(p, freq_s ? freq_s[i] : amk_load(fb, amk_flat(inv_freq, i)));
+    const float ang = amk_mul(p, freq_s ? freq_s[f0 + i] : amk_load(fb, amk_flat(inv_freq, f0 + i)));
     const float cs = amk_round(dt, amk_cos(ang)), sn = amk_round(dt, amk_sin(ang));
     const float x1 = h[i], x2 = h[i + half];
     amk_store(yb, amk_out_index(y, yb, pos, e0 + i),
@@ -46,5 +48,5 @@ AMK_DEVICE void amk_op_rope(const AmkCtx& c) {
   if (!amk_check_pos(c, pos)) return;
   amk_stage(c, xs, amk_in(c, AMK_ROLE_X), heads * hd);
   for (int h = amk_warp(); h < heads; h += amk_nwarps())
-    amk_warp_rope(c, xs + h * hd, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), nullptr, t.out[0], (amk_i64)h * hd);
+    amk_warp_rope(c, xs + h * hd, hd, pos, amk_in(c, AMK_ROLE_INV_FREQ), nullptr, 0, t.out[0], (amk_i64)h * hd);
 }

@@ -121,13 +121,17 @@ def rms_normalize(x: Tensor, gamma: Tensor, eps: float, rnd: Round = keep) -> Te
     return rms_scale(x, r, gamma, rnd)
 
 
-def rope_rotate(x: Tensor, inv_freq: Tensor, pos: int, head_dim: int, rnd: Round = keep) -> Tensor:
+def rope_rotate(x: Tensor, inv_freq: Tensor, pos: int, head_dim: int, rnd: Round = keep,
+                per_head: bool = False) -> Tensor:
     """Rotate-half RoPE of every head of x (len heads*head_dim) at position pos; cos, sin
-    and each product rounded by `rnd` (HF: half cos/sin, q * cos + rotate_half(q) * sin)."""
+    and each product rounded by `rnd` (HF: half cos/sin, q * cos + rotate_half(q) * sin).
+    inv_freq: head_dim/2 frequencies for every head, or (per_head) head_dim/2 for each head."""
     half = head_dim // 2
-    _need(head_dim % 2 == 0 and inv_freq.numel() == half, f"rope: inv_freq len {inv_freq.numel()} != head_dim/2 = {half}")
     xh = x.reshape(-1, head_dim)
-    ang = torch.tensor(float(pos), dtype=F32) * _vec(inv_freq)  # fp32(fp32(pos) * inv_freq)
+    want = half * (xh.shape[0] if per_head else 1)
+    _need(head_dim % 2 == 0 and inv_freq.numel() == want, f"rope: inv_freq len {inv_freq.numel()} != {want}")
+    freq = _vec(inv_freq).reshape(-1, half)
+    ang = torch.tensor(float(pos), dtype=F32) * freq  # fp32(fp32(pos) * inv_freq)
     cos, sin = rnd(ang.cos()), rnd(ang.sin())
     a, b = xh[:, :half], xh[:, half:]
     return torch.cat([rnd(a * cos) - rnd(b * sin), rnd(b * cos) + rnd(a * sin)], dim=-1).reshape(-1)
@@ -248,7 +252,7 @@ def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor]
     _need(p.head_dim > 0 and p.rows % p.head_dim == 0, f"{ep.name}: rows {p.rows} not whole heads of {p.head_dim}")
     if p.head_norm_eps is not None:
         a = rms_normalize(a.reshape(-1, p.head_dim), _vec(head_gamma), p.head_norm_eps, rnd).reshape(-1)
-    return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd)
+    return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd, per_head=True)
 
 
 def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=None, w2=None, w2_scale=None,

@@ -165,6 +165,15 @@ class ScheduleConfig(BaseModel):
         "about one q/k task per queue's share of the stage, whole heads with head norm (qk_norm) "
         "or without fuse_rope_append.",
     )
+    rope_multi_run: bool = Field(
+        False,
+        description="Let a q/k GEMV task with the fused RoPE epilogue span several runs of rope_rows "
+        "rows, across heads too (each run takes its own frequencies): q, k and v are then cut by "
+        "their bytes like the other GEMVs, in whole runs, so that the stage fills every queue (the "
+        "8B: tasks of 48 rows where one run a task gives 96 tasks of 64 on 132 SMs). 'auto' "
+        "rope_rows is then the smallest even divisor >= 8 of head_dim. Off until measured "
+        "(eval/PERF_NOTES.md item 113).",
+    )
     fuse_residual: bool = Field(
         True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
     )

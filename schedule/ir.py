@@ -272,7 +272,7 @@ class GemvParams(_Frozen):
       [bias]   len rows                                       if has_bias
       [residual] len rows                                     if epilogue == ADD
       [head_gamma] len head_dim                               if head_norm_eps is not None
-      [inv_freq] len head_dim/2 and [pos] len 1               if epilogue is ROPE/ROPE_APPEND
+      [inv_freq] len rows/2 and [pos] len 1                   if epilogue is ROPE/ROPE_APPEND
       [pos]    len 1                                          if epilogue == APPEND
     The epilogue extras ([bias] onwards) belong to the REDUCE task instead when split_k > 1.
     outputs: [y]: rows values (KV_CACHE with kv=APPEND for ROPE_APPEND/APPEND), or, when
@@ -283,7 +283,9 @@ class GemvParams(_Frozen):
       STORE: y = a.  ADD: y = residual + a.  SILU_MUL: y = silu(a_gate) * a_up (each with
       its own accumulator; no bias).  ROPE / ROPE_APPEND: a slab covers whole heads (rows
       and the slab start are multiples of head_dim); per head: optional head RMSNorm
-      (head_gamma, head_norm_eps), then rotate-half RoPE at angle pos * inv_freq[i]:
+      (head_gamma, head_norm_eps), then rotate-half RoPE of head h at angle
+      pos * inv_freq[h * d/2 + i] (each head its own d/2 frequencies, so that a slab can
+      span runs of different frequencies, eval/PERF_NOTES.md item 113):
       y[i] = a[i] cos - a[i + d/2] sin, y[i + d/2] = a[i + d/2] cos + a[i] sin.
       APPEND: cache row[pos] = a.
     The norm prologue: xn[c] = x[c] * rsqrt(mean_{c<k} x[c]^2 + norm_eps) * gamma[c].

@@ -224,7 +224,8 @@ class _Lowering:
         d, qk_rows = spec.head_dim, (spec.num_heads + kvh) * spec.head_dim
         share = self.slabs * qk_rows // (qk_rows + kvh * d)
         self.rope_rows = rope_rows.choose(cfg.rope_rows, d, spec.num_heads + kvh, share,
-                                          whole_heads_only=spec.qk_norm or not cfg.fuse_rope_append)
+                                          whole_heads_only=spec.qk_norm or not cfg.fuse_rope_append,
+                                          multi_run=cfg.rope_multi_run)
         self.permuted: list[str] = []  # buffers whose rows bind_weights permutes
 
         self.buffers: list[Buffer] = []
@@ -406,9 +407,9 @@ class _Lowering:
             ops.append(_op(m.residual, r0, rows))
         if m.head_gamma is not None:
             ops.append(_whole(m.head_gamma))
-        if m.epilogue in ROPE_EPILOGUES:  # the inverse frequencies of the slab's run (whole heads: all)
-            run = m.head_dim
-            ops += [_op(self.inv_freq, (r0 % self.spec.head_dim) // run * (run // 2), run // 2), _whole(self.pos)]
+        if m.epilogue in ROPE_EPILOGUES:  # the frequencies of the slab's runs: the table holds
+            # each head's once, so run-aligned row r0 starts at entry r0 / 2 (rope_rows.py)
+            ops += [_op(self.inv_freq, r0 // 2, rows // 2), _whole(self.pos)]
         elif m.epilogue == Epilogue.APPEND:
             ops.append(_whole(self.pos))
         return ops
@@ -464,7 +465,7 @@ class _Lowering:
         self.pos = self.buf("pos", BufferKind.IO_INPUT, DType.I32, [1])
         logits = self.buf("logits", BufferKind.IO_OUTPUT, self.dtype, [V])  # HF: the lm_head returns its dtype
         next_token = self.buf("next_token", BufferKind.IO_OUTPUT, DType.I32, [1])
-        self.inv_freq = self.buf(INV_FREQ, BufferKind.CONST, DType.F32, [d // 2])
+        self.inv_freq = self.buf(INV_FREQ, BufferKind.CONST, DType.F32, [nq * d // 2])  # d/2 a q head
         embed = self.weight("model.embed_tokens.weight", [V, H])
         x = self.act("x", H)
 
@@ -499,13 +500,14 @@ class _Lowering:
             q = self.act("q", QD)
             if cfg.fuse_rope_append:
                 r = self.rope_rows
-                if r < d:  # q/k rows permuted per head (schedule/rope_rows.py): tasks of one run each
+                if r < d:  # q/k rows permuted per head (schedule/rope_rows.py)
                     self.permuted += [b.name for b in (wq, wk, bq, bk) if b is not None]
+                one_run = r < d and not cfg.rope_multi_run  # else whole runs, cut by bytes
                 mats = [
                     _Mat("q", wq, into(q), Epilogue.ROPE, bias=bq, head_gamma=qn, head_dim=r, gran=r,
-                         one_unit_per_slab=r < d),
+                         one_unit_per_slab=one_run),
                     _Mat("k", wk, into(kc, KvMode.APPEND), Epilogue.ROPE_APPEND, bias=bk, head_gamma=kn,
-                         head_dim=r, gran=r, one_unit_per_slab=r < d),
+                         head_dim=r, gran=r, one_unit_per_slab=one_run),
                     _Mat("v", wv, into(vc, KvMode.APPEND), Epilogue.APPEND, bias=bv),
                 ]
                 self.gemv_stage(f"{t}.qkv", mats, xin, gamma)

@@ -39,9 +39,11 @@ def row_order(heads: int, head_dim: int, rows: int) -> torch.Tensor:
     return (torch.arange(heads, dtype=torch.long)[:, None] * head_dim + one[None, :]).reshape(-1)
 
 
-def choose(rows: int | str, head_dim: int, qk_heads: int, share: int, whole_heads_only: bool) -> int:
+def choose(rows: int | str, head_dim: int, qk_heads: int, share: int, whole_heads_only: bool,
+           multi_run: bool = False) -> int:
     """The run length: `rows` if given; 'auto' = the smallest even divisor r >= 8 of head_dim
-    with at most `share` q/k tasks (qk_heads * head_dim / r), else whole heads."""
+    with at most `share` q/k tasks (qk_heads * head_dim / r), else whole heads; with multi_run
+    (tasks of several runs) the smallest even divisor r >= 8, the finest whole-run cut."""
     if whole_heads_only:
         if rows not in ("auto", head_dim):
             raise ValueError(f"rope_rows={rows} needs whole heads here (head norm, or RoPE not fused): "
@@ -51,7 +53,7 @@ def choose(rows: int | str, head_dim: int, qk_heads: int, share: int, whole_head
         head_order(head_dim, int(rows))  # validates
         return int(rows)
     for r in range(8, head_dim + 1, 2):
-        if head_dim % r == 0 and qk_heads * (head_dim // r) <= share:
+        if head_dim % r == 0 and (multi_run or qk_heads * (head_dim // r) <= share):
             return r
     return head_dim
 

@@ -113,7 +113,8 @@ def bind_weights(program: Program, spec: ModelSpec, weights: dict[str, torch.Ten
         if b.kind == BufferKind.CONST:
             if b.name != INV_FREQ:
                 raise ValueError(f"unknown CONST buffer {b.name}")
-            out[b.name] = rope_inv_freq(spec)
+            inv = rope_inv_freq(spec)  # repeated once a head: the table of the q/k GEMVs' RoPE epilogues
+            out[b.name] = inv.repeat(b.numel // inv.numel())
             continue
         if b.kind != BufferKind.WEIGHT or b.id in companions:
             continue

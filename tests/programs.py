@@ -249,9 +249,10 @@ def gemv_program(c: GemvCase, seed: int = 0):
     if c.head_norm_eps is not None:
         extras["head_gamma"] = b.buf("head_gamma", K.WEIGHT, [c.head_dim])
         tensors["head_gamma"] = 1 + 0.1 * rand(c.head_dim, gen=gen)
-    if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND):
-        extras["inv_freq"] = b.buf("inv_freq", K.CONST, [c.head_dim // 2])
-        tensors["inv_freq"] = 1.0 / (10000.0 ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+    if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND):  # head_dim/2 frequencies a head, each head its own
+        extras["inv_freq"] = b.buf("inv_freq", K.CONST, [c.rows // 2])
+        base = 1.0 / (10000.0 ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        tensors["inv_freq"] = torch.cat([base * (1 + 0.25 * h) for h in range(c.rows // c.head_dim)])
     x = b.buf("x", K.ACTIVATION, [c.k])
     to_cache = ep in (Epilogue.APPEND, Epilogue.ROPE_APPEND)
     y = (b.buf("cache", K.KV_CACHE, [c.kv_capacity, c.rows], c.out_dtype) if to_cache
@@ -273,7 +274,7 @@ def gemv_program(c: GemvCase, seed: int = 0):
         if c.head_norm_eps is not None:
             ops.append(opd(extras["head_gamma"]))
         if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND):
-            ops += [opd(extras["inv_freq"]), opd(pos)]
+            ops += [opd(extras["inv_freq"], r0 // 2, rows // 2), opd(pos)]
         elif ep == Epilogue.APPEND:
             ops.append(opd(pos))
         return ops
@@ -398,8 +399,8 @@ def tiny_model_program(model, *, capacity: int = 32, slabs: int = 2, split_k: in
     b = Builder(f"tiny-{cfg.model_type}", queues=queues, kv_capacity=capacity)
     W = {n: b.buf(n, K.WEIGHT, list(t.shape)) for n, t in sd.items()}
     tensors = dict(sd)
-    inv = b.buf("rope.inv_freq", K.CONST, [d // 2])
-    tensors[inv.name] = model.model.rotary_emb.inv_freq.detach().float()
+    inv = b.buf("rope.inv_freq", K.CONST, [nh * d // 2])  # the frequencies once a q head
+    tensors[inv.name] = model.model.rotary_emb.inv_freq.detach().float().repeat(nh)
     tok = b.buf("token", K.IO_INPUT, [1], DType.I32)
     pos = b.buf("pos", K.IO_INPUT, [1], DType.I32)
     h = b.buf("h", K.ACTIVATION, [hid])  # the residual stream
@@ -439,7 +440,7 @@ def tiny_model_program(model, *, capacity: int = 32, slabs: int = 2, split_k: in
                 ops = [opd(W[f"{L}self_attn.{m}_proj.bias"], r0, n)] if bias else []
                 if qk_norm and m != "v":
                     ops.append(opd(W[f"{L}self_attn.{m}_norm.weight"]))
-                return ops + ([opd(inv), opd(pos)] if ep != Epilogue.APPEND else [opd(pos)])
+                return ops + ([opd(inv, r0 // 2, n // 2), opd(pos)] if ep != Epilogue.APPEND else [opd(pos)])
 
             def out(r0, n, dest=dest):
                 return opd(dest, r0, n, kv=KvMode.APPEND if dest is not q else KvMode.NONE)

@@ -361,6 +361,7 @@ FIELD_CHANGES = {
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),
     "rope_rows": ({}, dict(rope_rows=16)),
+    "rope_multi_run": ({}, dict(rope_multi_run=True)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),

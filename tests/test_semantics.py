@@ -148,11 +148,26 @@ def test_rope_epilogue_with_head_norm(gen, head_norm):
     d, heads, k, pos = 16, 2, 24, 9
     w, x, hg = torch.randn(heads * d, k, generator=gen), torch.randn(k, generator=gen), torch.randn(d, generator=gen)
     p = _gemv(heads * d, k, epilogue=Epilogue.ROPE, head_dim=d, head_norm_eps=1e-6 if head_norm else None)
-    out = S.gemv(p, w, x, head_gamma=hg if head_norm else None, inv_freq=inv_freq(d), pos=torch.tensor([pos]))
+    out = S.gemv(p, w, x, head_gamma=hg if head_norm else None, inv_freq=inv_freq(d).repeat(heads),
+                 pos=torch.tensor([pos]))
     a = w @ x
     if head_norm:  # Qwen3: q_norm over each head, before RoPE
         a = hf_rmsnorm(a.reshape(heads, d), hg, 1e-6).reshape(-1)
     close(out, hf_rope(a, pos, d), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_epilogue_takes_each_heads_own_frequencies(gen):
+    # head h at frequencies (h + 1) * f turns as the HF RoPE at position (h + 1) * pos (the
+    # scaling by a small integer is exact in fp32), so a head read at another's slice fails
+    d, heads, k, pos = 16, 3, 24, 5
+    w, x = torch.randn(heads * d, k, generator=gen), torch.randn(k, generator=gen)
+    p = _gemv(heads * d, k, epilogue=Epilogue.ROPE, head_dim=d)
+    out = S.gemv(p, w, x, inv_freq=torch.cat([inv_freq(d) * (h + 1) for h in range(heads)]), pos=torch.tensor([pos]))
+    a = (w @ x).reshape(heads, d)
+    want = torch.cat([hf_rope(a[h], (h + 1) * pos, d) for h in range(heads)])
+    close(out, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="inv_freq len"):
+        S.gemv(p, w, x, inv_freq=inv_freq(d), pos=torch.tensor([pos]))
 
 
 def test_head_norm_only_with_rope_epilogues(gen):

@@ -195,7 +195,7 @@ def epilogue_staged_words(p) -> int:
         return 0
     rope = p.epilogue in (Epilogue.ROPE, Epilogue.ROPE_APPEND)
     return ((p.rows if p.epilogue == Epilogue.ADD else 0) + (p.rows if p.has_bias else 0)
-            + (p.head_dim // 2 if rope else 0) + (1 if rope or p.epilogue == Epilogue.APPEND else 0))
+            + (p.rows // 2 if rope else 0) + (1 if rope or p.epilogue == Epilogue.APPEND else 0))
 
 
 def gemv_x_pad_shift(wdtype: DType) -> int:

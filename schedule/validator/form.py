@@ -174,8 +174,8 @@ def _epilogue_rule(p, role: str) -> Rule:
         return Rule(READABLE, FLOAT, length=p.rows)
     if role == "head_gamma":
         return Rule(IMMUTABLE, FLOAT, length=p.head_dim)
-    if role == "inv_freq":
-        return Rule(IMMUTABLE, FLOAT, length=p.head_dim // 2)
+    if role == "inv_freq":  # head_dim/2 frequencies for each head of the slab (ir.GemvParams)
+        return Rule(IMMUTABLE, FLOAT, length=p.rows // 2)
     if role == "pos":
         return Rule(SCALAR_SRC, INT, length=1)
     return _NOTHING
