@@ -28,9 +28,9 @@ class FloorViolation(RuntimeError):
 def weight_bytes_streamed(spec: ModelSpec, dtype: str) -> int:
     """Closed form, unquantized: every consumed weight at `dtype`, except that an untied
     model reads one row of its embedding table (the LM head is its own matrix), plus the
-    fp32 RoPE inverse-frequency table."""
+    fp32 RoPE inverse-frequency table (head_dim/2 entries a q head: the q/k epilogues' slices)."""
     width = DTYPE_BYTES[dtype]
-    total = spec.weight_bytes(width) + spec.head_dim // 2 * 4
+    total = spec.weight_bytes(width) + spec.num_heads * spec.head_dim // 2 * 4
     if not spec.tie_word_embeddings:
         total -= (spec.vocab_size - 1) * spec.hidden_size * width
     return total

@@ -249,10 +249,11 @@ def gemv_program(c: GemvCase, seed: int = 0):
     if c.head_norm_eps is not None:
         extras["head_gamma"] = b.buf("head_gamma", K.WEIGHT, [c.head_dim])
         tensors["head_gamma"] = 1 + 0.1 * rand(c.head_dim, gen=gen)
-    if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND):  # head_dim/2 frequencies a head, each head its own
+    if ep in (Epilogue.ROPE, Epilogue.ROPE_APPEND):  # head_dim/2 frequencies a head, each head its own:
+        # head h turns at (h + 1) times the usual ones, as the usual RoPE at position (h + 1) * pos
         extras["inv_freq"] = b.buf("inv_freq", K.CONST, [c.rows // 2])
         base = 1.0 / (10000.0 ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
-        tensors["inv_freq"] = torch.cat([base * (1 + 0.25 * h) for h in range(c.rows // c.head_dim)])
+        tensors["inv_freq"] = torch.cat([base * (h + 1) for h in range(c.rows // c.head_dim)])
     x = b.buf("x", K.ACTIVATION, [c.k])
     to_cache = ep in (Epilogue.APPEND, Epilogue.ROPE_APPEND)
     y = (b.buf("cache", K.KV_CACHE, [c.kv_capacity, c.rows], c.out_dtype) if to_cache

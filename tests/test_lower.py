@@ -507,6 +507,10 @@ E2E = [
     ("llama", dict(H=128, heads=2, kv=1, d=64, F=256, L=1, V=128, tied=True),
      dict(quant="int4", quant_group=32, rope_rows=16, split_k=2)),
     ("qwen2", dict(H=128, heads=4, kv=1, d=64, F=192, L=2, V=200, tied=True), dict(rope_rows=4, kv_splits=3)),
+    # q/k tasks of several runs, across heads (each run its own frequencies): auto, and cut unevenly
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(rope_multi_run=True)),
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200),
+     dict(rope_multi_run=True, rope_rows=8, gemv_tasks_per_matrix=3, quant="int8", quant_group=32)),
 ]
 
 
@@ -646,3 +650,20 @@ def test_rope_rows_lowering_and_refusals():
         lower(spec, cfg_of(rope_rows=16, fuse_rope_append=False), H100, kv_capacity=16)
     with pytest.raises(ValueError, match="even divisor"):
         lower(spec, cfg_of(rope_rows=24), H100, kv_capacity=16)
+
+
+def test_rope_multi_run_tasks_span_runs_and_heads():
+    spec = ZOO["gqa"]  # head_dim 64, 4 + 2 heads
+    p = lower(spec, cfg_of(rope_multi_run=True, gemv_tasks_per_matrix=3), H100, kv_capacity=16)
+    assert p.meta["rope_rows"]["rows"] == 8  # 'auto' with several runs a task: the finest cut
+    q = [t for t in p.tasks if t.name.startswith("layers.0.qkv.q[")]
+    r0s = [int(t.name.split("[")[1].split(":")[0]) for t in q]
+    assert sum(t.params.rows for t in q) == 4 * 64 and all(t.params.rows % 8 == 0 for t in q)
+    assert any(r0 // 64 != (r0 + t.params.rows - 1) // 64 for r0, t in zip(r0s, q))  # a task spans two heads
+    inv = next(b for b in p.buffers if b.name == "rope.inv_freq")
+    assert inv.numel == spec.num_heads * 64 // 2
+    for r0, t in zip(r0s, q):  # the frequencies of its runs: entries r0/2 .. (r0 + rows)/2 of the table
+        f = t.inputs[-2]
+        assert (f.buf, f.off, f.len) == (inv.id, r0 // 2, t.params.rows // 2)
+    res = validate(p)
+    assert res.accepted, res.summary()

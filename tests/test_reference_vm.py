@@ -87,7 +87,8 @@ def _expected_gemv(c: GemvCase, t: dict, token: int, pos: int) -> torch.Tensor:
     if c.epilogue in (Epilogue.ROPE, Epilogue.ROPE_APPEND):
         if c.head_norm_eps is not None:
             a = hf_rmsnorm(a.reshape(-1, c.head_dim), t["head_gamma"], c.head_norm_eps).reshape(-1)
-        return hf_rope(a, pos, c.head_dim)
+        heads = a.reshape(-1, c.head_dim)  # head h's frequencies are (h + 1) times HF's (programs.py)
+        return torch.cat([hf_rope(heads[h], (h + 1) * pos, c.head_dim) for h in range(len(heads))])
     return a
 
 
