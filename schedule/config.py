@@ -161,8 +161,9 @@ class ScheduleConfig(BaseModel):
         "Llama-3.2-1B's 32 + 8 + 8 heads, so q/k/v stream on a third of an H100's SMs). Smaller: "
         "each q/k head's rows are permuted so that every run of this many rows holds whole "
         "rotate-half pairs (q.k is unchanged when q and k are permuted alike; the k cache holds "
-        "the permuted layout), and each such run is a task. 'auto' = the smallest r giving at most "
-        "about one q/k task per queue's share of the stage, whole heads with head norm (qk_norm) "
+        "the permuted layout), and each such run is a task (or several: rope_multi_run). 'auto' = "
+        "the smallest r giving at most about one q/k task per queue's share of the stage, whole "
+        "heads with head norm (qk_norm) "
         "or without fuse_rope_append.",
     )
     rope_multi_run: bool = Field(

@@ -6,7 +6,8 @@ order that is whole heads (48 tasks for Llama-3.2-1B's q/k/v, on a third of an H
 Permuting each q/k head's rows so that every run of `r` rows holds r/2 dimensions of the
 first half followed by their partners lets a task of r rows apply RoPE with the unchanged
 epilogue (a "head" of r dimensions whose inverse frequencies are the run's slice of the
-table). q.k is unchanged when q and k are permuted alike, so attention needs nothing else;
+table). The table holds each q head's frequencies once, so a task of several runs, across
+heads too (ScheduleConfig.rope_multi_run), reads one contiguous slice: entries r0/2 onwards. q.k is unchanged when q and k are permuted alike, so attention needs nothing else;
 the k cache holds the permuted layout (`permute_k_history` writes an HF-layout history).
 
 Run c of a head (c < head_dim / r) holds dimensions [c*r/2, (c+1)*r/2) then
