@@ -7,8 +7,9 @@ Permuting each q/k head's rows so that every run of `r` rows holds r/2 dimension
 first half followed by their partners lets a task of r rows apply RoPE with the unchanged
 epilogue (a "head" of r dimensions whose inverse frequencies are the run's slice of the
 table). The table holds each q head's frequencies once, so a task of several runs, across
-heads too (ScheduleConfig.rope_multi_run), reads one contiguous slice: entries r0/2 onwards. q.k is unchanged when q and k are permuted alike, so attention needs nothing else;
-the k cache holds the permuted layout (`permute_k_history` writes an HF-layout history).
+heads too (ScheduleConfig.rope_multi_run), reads one contiguous slice: entries r0/2 onwards.
+q.k is unchanged when q and k are permuted alike, so attention needs nothing else; the k
+cache holds the permuted layout (`permute_k_history` writes an HF-layout history).
 
 Run c of a head (c < head_dim / r) holds dimensions [c*r/2, (c+1)*r/2) then
 [head_dim/2 + c*r/2, head_dim/2 + (c+1)*r/2). With r = head_dim this is the identity.

@@ -673,9 +673,6 @@ def test_rope_multi_run_tasks_span_runs_and_heads():
 def test_rope_multi_run_fills_the_h100(shape, one_run, multi_run):
     """q/k/v of the 1B and 8B shapes: one run a task leaves 36 of the H100's 132 SMs idle;
     tasks of several runs fill it (eval/PERF_NOTES.md items 97, 113)."""
-    from amk.eval.shapes import shape_config
-    from amk.schedule.importer import spec_from_hf_config
-
     spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
     for multi, rows, tasks in ((False, one_run, 96), (True, multi_run, 130)):
         p = lower(spec, ScheduleConfig(dtype="bfloat16", rope_multi_run=multi), H100, kv_capacity=1156)  # every queue
