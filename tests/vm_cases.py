@@ -198,5 +198,7 @@ LOWERED = {
     "qwen3-qknorm": {},
     "llama-hd128": dict(threads_per_block=512, prefetch_depth=2),
     "llama-mqa/rr": dict(sm_assignment="round_robin", gemv_tasks_per_matrix=7),
+    # q/k tasks of several RoPE runs across heads, each run its own frequencies (PERF_NOTES item 113)
+    "llama-gqa-tied/rope_multi_run": dict(rope_multi_run=True, gemv_tasks_per_matrix=3),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]
