@@ -663,7 +663,7 @@ def test_rope_multi_run_tasks_span_runs_and_heads():
     inv = next(b for b in p.buffers if b.name == "rope.inv_freq")
     assert inv.numel == spec.num_heads * 64 // 2
     for r0, t in zip(r0s, q):  # the frequencies of its runs: entries r0/2 .. (r0 + rows)/2 of the table
-        f = t.inputs[-2]
+        f = t.inputs[input_roles(t.params).index("inv_freq")]  # (float weights: no scale roles)
         assert (f.buf, f.off, f.len) == (inv.id, r0 // 2, t.params.rows // 2)
     res = validate(p)
     assert res.accepted, res.summary()
