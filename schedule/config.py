@@ -69,6 +69,13 @@ class ScheduleConfig(BaseModel):
     )
 
     # --------------------------------------------------------------- placement
+    kv_head_counters: bool = Field(
+        False,
+        description="A counter per KV head for the q/k/v GEMV tasks (with fuse_rope_append) and for the "
+        "attention partials, instead of one per stage: each partial then waits only for the q/k/v "
+        "slabs of its KV head and each combine only for its own partials, not for the slowest task "
+        "of the whole stage (eval/PERF_NOTES.md item 116).",
+    )
     sm_assignment: SmAssignment = Field(
         "lpt",
         description="How tasks are dealt onto per-block queues: 'round_robin' in lowering "

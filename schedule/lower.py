@@ -307,15 +307,20 @@ class _Lowering:
         return cid
 
     # ------------------------------------------------------------------ GEMV stages
-    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer, norm: Optional[Buffer]) -> None:
+    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer, norm: Optional[Buffer],
+                   counter_of: Optional[Callable[[str, int], int]] = None) -> None:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
-        when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any."""
+        when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any.
+        `counter_of(role, r0)`, if given, splits the stage's output tasks over several
+        counters (slabs with one key share one), so that a consumer of part of the output
+        waits only for the slabs that write it."""
         cfg = self.cfg
         counts = _allocate(self.slabs, mats)
         sk = cfg.split_k
         eps = self.spec.rms_norm_eps if norm is not None else None
         partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []
         direct: list[_Spec] = []  # one counter for the stage's GEMV (or partial) tasks
+        keys: list[int] = []  # counter_of of each of them
         first_xcd = 0
         for m, n_slabs in zip(mats, counts, strict=True):
             slabs = self.row_slabs(m, n_slabs, first_xcd)
@@ -355,13 +360,15 @@ class _Lowering:
                         outs = [_op(scratch, s * R + r0 * w, rows * w)]
                     tag = f"{name}.{m.role}[{r0}:{r1}]" + (f".k{s}" if sk > 1 else "")
                     direct.append(_Spec(tag, params, ins, outs, xcd))
+                    keys.append(counter_of(m.role, r0) if counter_of else 0)
             partial_groups.append((m, slabs, scratch))
         # split-K partials share one counter per stage too: a producer set must write each
         # scratch buffer without gaps (validator `tile-gap`), and a per-slab set would not
-        self.group(name if sk == 1 else f"{name}.partial", direct)
         if sk == 1:
+            self.groups_by_key(name, direct, keys)
             return
-        reduce_specs = []
+        self.group(f"{name}.partial", direct)
+        reduce_specs, keys = [], []
         for m, slabs, scratch in partial_groups:
             R, w = m.rows * m.width, m.width
             for r0, r1, xcd in slabs:
@@ -372,7 +379,15 @@ class _Lowering:
                 )
                 ins = [_op(scratch, r0 * w, rows * w, count=sk, stride=R)] + self.extras(m, r0, rows)
                 reduce_specs.append(_Spec(f"{name}.{m.role}[{r0}:{r1}].reduce", params, ins, [m.y(r0, rows)], xcd))
-        self.group(f"{name}.reduce", reduce_specs)
+                keys.append(counter_of(m.role, r0) if counter_of else 0)
+        self.groups_by_key(f"{name}.reduce", reduce_specs, keys)
+
+    def groups_by_key(self, name: str, specs: list[_Spec], keys: list[int]) -> None:
+        """One counter per distinct key (in order of first appearance), tasks in lowering
+        order within each; a single key keeps the stage's name."""
+        order = list(dict.fromkeys(keys))
+        for k in order:
+            self.group(name if len(order) == 1 else f"{name}.c{k}", [s for s, kk in zip(specs, keys) if kk == k])
 
     def row_slabs(self, m: _Mat, n: int, first_xcd: int) -> list[tuple[int, int, int]]:
         """About n slabs [r0, r1) of m's rows, each with its home XCD (-1: any). With XCD
@@ -496,6 +511,9 @@ class _Lowering:
                 qn, kn = self.weight(a + "q_norm.weight", [d]), self.weight(a + "k_norm.weight", [d])
 
             # ---- q/k/v
+            def kv_group(role: str, r0: int) -> int:  # the KV head whose attention reads rows r0.. of q/k/v
+                return r0 // d // qh if role == "q" else r0 // d
+
             xin, gamma = normed(f"{t}.attn_norm", self.weight(p + "input_layernorm.weight", [H]))
             q = self.act("q", QD)
             if cfg.fuse_rope_append:
@@ -510,7 +528,7 @@ class _Lowering:
                          head_dim=r, gran=r, one_unit_per_slab=one_run),
                     _Mat("v", wv, into(vc, KvMode.APPEND), Epilogue.APPEND, bias=bv),
                 ]
-                self.gemv_stage(f"{t}.qkv", mats, xin, gamma)
+                self.gemv_stage(f"{t}.qkv", mats, xin, gamma, kv_group if cfg.kv_head_counters else None)
             else:
                 q_raw, k_raw, v_raw = self.act("q_raw", QD), self.act("k_raw", KD), self.act("v_raw", KD)
                 mats = [_Mat("q", wq, into(q_raw), bias=bq), _Mat("k", wk, into(k_raw), bias=bk),
@@ -535,8 +553,11 @@ class _Lowering:
             # counter, which only that XCD's combines wait on (an XCD-scoped edge)
             local = self.xcds > 1 and nkv % self.xcds == 0
             head_xcd = [g * self.xcds // nkv if local else -1 for g in range(nkv)]
-            for xi, (g0, g1) in enumerate(tiles(nkv, self.xcds if local else 1)):
-                self.group(f"{t}.attn_partial" + (f".x{xi}" if local else ""), [
+            # kv_head_counters: a counter per KV head, so that its combine waits for its own partials
+            cuts = [(g, g + 1) for g in range(nkv)] if cfg.kv_head_counters else tiles(nkv, self.xcds if local else 1)
+            for xi, (g0, g1) in enumerate(cuts):
+                tag = f".g{g0}" if cfg.kv_head_counters else (f".x{xi}" if local else "")
+                self.group(f"{t}.attn_partial" + tag, [
                     _Spec(f"{t}.attn_partial[g{g}.s{s}]",
                           AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
                           [_op(q, g * qh * d, qh * d), _op(kc, g * d, d, kv=KvMode.PREFIX),

@@ -362,6 +362,7 @@ FIELD_CHANGES = {
     "fuse_residual": ({}, dict(fuse_residual=False)),
     "rope_rows": ({}, dict(rope_rows=16)),
     "rope_multi_run": ({}, dict(rope_multi_run=False)),
+    "kv_head_counters": ({}, dict(kv_head_counters=True)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
@@ -512,6 +513,11 @@ E2E = [
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(rope_multi_run=True)),
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200),
      dict(rope_multi_run=True, rope_rows=8, gemv_tasks_per_matrix=3, quant="int8", quant_group=32)),
+    # a counter per KV head for q/k/v and the partials: alone, with split-K (REDUCE tasks), unfused
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(kv_head_counters=True)),
+    ("qwen2", dict(H=128, heads=4, kv=2, d=32, F=192, L=2, V=200), dict(kv_head_counters=True, split_k=2)),
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200),
+     dict(kv_head_counters=True, fuse_rope_append=False, kv_splits=3)),
 ]
 
 
@@ -683,3 +689,24 @@ def test_rope_multi_run_fills_the_h100(shape, one_run, multi_run):
         assert (len(qkv), max(t.params.rows for t in qkv)) == (tasks, rows)
         res = validate(p)
         assert res.accepted, res.summary()
+
+
+def test_kv_head_counters_narrow_the_attention_waits():
+    """kv_head_counters: a combine waits for its own KV head's partials only, and a partial for
+    the q/k/v slabs of its head (plus a slab that crosses into it), not for whole stages."""
+    spec = ZOO["gqa"]  # head_dim 64, 4 q heads on 2 KV heads
+    p = lower(spec, cfg_of(kv_head_counters=True, gemv_tasks_per_matrix=8, kv_splits=2), H100, kv_capacity=16)
+    writers: dict[int, list] = {}
+    for t in p.tasks:
+        writers.setdefault(t.out_counter, []).append(t)
+    for g in range(spec.num_kv_heads):
+        comb = next(t for t in p.tasks if t.name == f"layers.0.attn_combine[g{g}]")
+        (w,) = comb.waits
+        assert sorted(t.name for t in writers[w.counter]) == [f"layers.0.attn_partial[g{g}.s{s}]" for s in range(2)]
+        part = next(t for t in p.tasks if t.name == f"layers.0.attn_partial[g{g}.s0]")
+        qkv = [t for w in part.waits for t in writers[w.counter]]
+        assert all(t.name.startswith("layers.0.qkv.") for t in qkv)
+        assert {t.name.split("[")[0] for t in qkv} == {"layers.0.qkv.q", "layers.0.qkv.k", "layers.0.qkv.v"}
+        assert len(qkv) < sum(t.name.startswith("layers.0.qkv.") for t in p.tasks)  # not the whole stage
+    res = validate(p)
+    assert res.accepted, res.summary()

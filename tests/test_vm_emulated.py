@@ -160,7 +160,9 @@ def test_tiny_model(emu, family):
 @pytest.mark.parametrize("cfg", [{}, dict(quant="int4", quant_group=32, split_k=2),
                                  dict(fuse_norm=False, fuse_rope_append=False, fuse_residual=False,
                                       fuse_silu_mul=False, quant="int8"),
-                                 dict(rope_multi_run=True, gemv_tasks_per_matrix=3)])
+                                 dict(rope_multi_run=True, gemv_tasks_per_matrix=3),
+                                 dict(kv_head_counters=True, gemv_tasks_per_matrix=3),
+                                 dict(kv_head_counters=True, split_k=2)])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])

@@ -200,5 +200,7 @@ LOWERED = {
     "llama-mqa/rr": dict(sm_assignment="round_robin", gemv_tasks_per_matrix=7),
     # q/k tasks of several RoPE runs across heads, each run its own frequencies (PERF_NOTES item 113)
     "llama-gqa-tied/rope_multi_run": dict(rope_multi_run=True, gemv_tasks_per_matrix=3),
+    # a counter per KV head for q/k/v and the attention partials (PERF_NOTES item 116)
+    "llama-gqa-tied/kv_head_counters": dict(kv_head_counters=True, gemv_tasks_per_matrix=3),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]
