@@ -362,7 +362,7 @@ FIELD_CHANGES = {
     "fuse_residual": ({}, dict(fuse_residual=False)),
     "rope_rows": ({}, dict(rope_rows=16)),
     "rope_multi_run": ({}, dict(rope_multi_run=False)),
-    "kv_head_counters": ({}, dict(kv_head_counters=True)),
+    "kv_head_counters": ({}, dict(kv_head_counters=False)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),

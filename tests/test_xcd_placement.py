@@ -57,9 +57,11 @@ def test_gemv_rows_split_into_one_slab_per_xcd(target, tmp_path):
         assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))  # slabs disjoint
 
 
-def test_xcd_scope_only_inside_one_xcd(tmp_path):
+@pytest.mark.parametrize("kv_head_counters,partials", [(False, "attn_partial.x0"), (True, "attn_partial.g0")])
+def test_xcd_scope_only_inside_one_xcd(tmp_path, kv_head_counters, partials):
     spec, _ = _load("llama2-like", tmp_path)  # 4 KV heads, 4 queues: one head per XCD
-    prog = lower(spec, ScheduleConfig(max_queues=4), get_target("gfx942"), kv_capacity=64)
+    cfg = ScheduleConfig(max_queues=4, kv_head_counters=kv_head_counters)
+    prog = lower(spec, cfg, get_target("gfx942"), kv_capacity=64)
     assert validate(prog).accepted
     xcd = _xcd_of_task(prog)
     sides = defaultdict(set)
@@ -68,7 +70,7 @@ def test_xcd_scope_only_inside_one_xcd(tmp_path):
         for w in t.waits:
             sides[w.counter].add(xcd[t.id])
     scoped = [c.id for c in prog.counters if c.scope == Scope.XCD]
-    assert any(prog.counters[c].name.endswith("attn_partial.x0") for c in scoped)
+    assert any(prog.counters[c].name.endswith(partials) for c in scoped)
     assert all(len(sides[c]) == 1 for c in scoped)
     assert all(len(sides[c.id]) > 1 for c in prog.counters if c.scope == Scope.DEVICE)
 
