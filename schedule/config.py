@@ -68,7 +68,7 @@ class ScheduleConfig(BaseModel):
         "even (ctx 1024 over 16 splits: 80 rows each with 16, but 128 rows on 9 splits with 64).",
     )
 
-    # --------------------------------------------------------------- placement
+    # --------------------------------------------------------------- signalling (who shares a counter)
     kv_head_counters: bool = Field(
         True,
         description="A counter per KV head for the q/k/v GEMV tasks (with fuse_rope_append) and for the "
@@ -76,6 +76,8 @@ class ScheduleConfig(BaseModel):
         "slabs of its KV head and each combine only for its own partials, not for the slowest task "
         "of the whole stage. Paired on an H100: 1B -0.3 %, 8B -0.1 % (eval/PERF_NOTES.md item 116).",
     )
+
+    # --------------------------------------------------------------- placement
     sm_assignment: SmAssignment = Field(
         "lpt",
         description="How tasks are dealt onto per-block queues: 'round_robin' in lowering "
