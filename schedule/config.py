@@ -182,7 +182,7 @@ class ScheduleConfig(BaseModel):
         "their bytes like the other GEMVs, in whole runs, so that the stage fills every queue (the "
         "8B: tasks of 48 rows where one run a task gives 96 tasks of 64 on 132 SMs). 'auto' "
         "rope_rows is then the smallest even divisor >= 8 of head_dim. Measured on an H100: 8B "
-        "-1.4 %, 1B -1.0 % (eval/PERF_NOTES.md item 114); False: one run a task.",
+        "-1.4 %, 1B -0.9 % (eval/PERF_NOTES.md item 114); False: one run a task.",
     )
     fuse_residual: bool = Field(
         True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
