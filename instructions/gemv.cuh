@@ -380,6 +380,15 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const f
   }
 }
 
+// AMK_GEMV_NORM_ONE_BARRIER: the RMSNorm prologue of a whole row with one barrier before its
+// apply pass instead of three. Each thread sums the squares of the x elements it loads, and the
+// barrier that publishes x also publishes the warps' sums (no pass over shared memory, no
+// separate block reduction). An experiment, off until measured (eval/PERF_NOTES.md item 120);
+// its sum's order differs from the default's.
+#ifndef AMK_GEMV_NORM_ONE_BARRIER
+#define AMK_GEMV_NORM_ONE_BARRIER 0
+#endif
+
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
@@ -406,15 +415,27 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     // round trip where loading the weights after the sum of squares took a second one
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     const int half = blockDim.x / 2;
+    float ss = 0.0f;  // AMK_GEMV_NORM_ONE_BARRIER: the squares of the x elements this thread stages
     if ((int)threadIdx.x < half)
-      amk_for_elems(xb, x, k_lo, K, [&](int i, float v) { xs[xp.at(i)] = v; }, threadIdx.x, half);
+      amk_for_elems(xb, x, k_lo, K, [&](int i, float v) {
+        xs[xp.at(i)] = v;
+        if (AMK_GEMV_NORM_ONE_BARRIER) ss += v * v;
+      }, threadIdx.x, half);
     else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
     float inv;
-    if (k_lo == 0 && K == hidden) {  // the whole row is staged: its squares come from shared memory
+    if (k_lo == 0 && K == hidden && AMK_GEMV_NORM_ONE_BARRIER) {
+      // the squares summed as they were loaded: one barrier publishes x, the norm weights and
+      // the warps' sums (red's first use in this task: the scheduler's barriers came before)
+      ss = amk_warp_sum(ss);
+      if (amk_lane() == 0) red[amk_warp()] = ss;
       amk_syncthreads();
-      float ss = 0.0f;
+      float sum = 0.0f;
+      for (int w = 0; w < amk_nwarps(); ++w) sum += red[w];  // same order in every thread
+      inv = amk_inv_rms(sum, hidden, eps);
+    } else if (k_lo == 0 && K == hidden) {  // the whole row is staged: its squares come from shared memory
+      amk_syncthreads();
       for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
       inv = amk_inv_rms(amk_block_sum(ss, red), hidden, eps);
     } else {
