@@ -86,6 +86,12 @@ def bench_command(b: BenchArgs, arm: Arm) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def command_line(b: BenchArgs, arm: Arm) -> str:
+    """The bench of `arm` as a shell line, its defines included (what a note cites)."""
+    argv = bench_command(b, arm)[0]
+    return (f"AMK_VM_DEFINES={arm.defines} " if arm.defines else "") + "python -m " + " ".join(argv[2:])
+
+
 def _last_json(stdout: str) -> Optional[dict]:
     """The JSON document `amk bench --json` printed (stdout may hold other lines first)."""
     start = stdout.find("\n{")
@@ -159,7 +165,7 @@ def run_ab(b: BenchArgs, arms: list[Arm], rounds: int,
             log(f"round {r + 1}/{rounds} {arm.label}: {shown}")
         results.append(got)
     return {"model": b.model, "bench": asdict(b), "arms": [asdict(a) for a in arms],
-            "commands": {a.label: " ".join(bench_command(b, a)[0][1:]) for a in arms},
+            "commands": {a.label: command_line(b, a) for a in arms},
             "rounds": results, "summary": summarize(arms, results)}
 
 

@@ -425,19 +425,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
     float inv;
-    if (k_lo == 0 && K == hidden && AMK_GEMV_NORM_ONE_BARRIER) {
-      // the squares summed as they were loaded: one barrier publishes x, the norm weights and
-      // the warps' sums (red's first use in this task: the scheduler's barriers came before)
-      ss = amk_warp_sum(ss);
-      if (amk_lane() == 0) red[amk_warp()] = ss;
-      amk_syncthreads();
-      float sum = 0.0f;
-      for (int w = 0; w < amk_nwarps(); ++w) sum += red[w];  // same order in every thread
-      inv = amk_inv_rms(sum, hidden, eps);
-    } else if (k_lo == 0 && K == hidden) {  // the whole row is staged: its squares come from shared memory
-      amk_syncthreads();
-      for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
-      inv = amk_inv_rms(amk_block_sum(ss, red), hidden, eps);
+    if (k_lo == 0 && K == hidden) {  // the whole row is staged
+      if (!AMK_GEMV_NORM_ONE_BARRIER) {  // its squares come from shared memory
+        amk_syncthreads();
+        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
+      }  // else they were summed as x was loaded, and the block sum's one barrier publishes x too
+      inv = amk_inv_rms(amk_block_sum(ss, red, AMK_GEMV_NORM_ONE_BARRIER), hidden, eps);
     } else {
       inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }

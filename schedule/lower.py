@@ -487,6 +487,9 @@ class _Lowering:
         self.group("embed", [_Spec("embed", EmbedParams(vocab=V, hidden=H),
                                    [_whole(self.token), _op(embed, 0, H, count=V, stride=H)], [_whole(x)])])
 
+        def kv_group(role: str, r0: int) -> int:  # the KV head whose attention reads rows r0.. of q/k/v
+            return r0 // d // qh if role == "q" else r0 // d
+
         def normed(name: str, gamma: Buffer) -> tuple[Buffer, Optional[Buffer]]:
             if cfg.fuse_norm:
                 return x, gamma
@@ -511,9 +514,6 @@ class _Lowering:
                 qn, kn = self.weight(a + "q_norm.weight", [d]), self.weight(a + "k_norm.weight", [d])
 
             # ---- q/k/v
-            def kv_group(role: str, r0: int) -> int:  # the KV head whose attention reads rows r0.. of q/k/v
-                return r0 // d // qh if role == "q" else r0 // d
-
             xin, gamma = normed(f"{t}.attn_norm", self.weight(p + "input_layernorm.weight", [H]))
             q = self.act("q", QD)
             if cfg.fuse_rope_append:

@@ -62,12 +62,13 @@ AMK_DEVICE float amk_warp_max(float v) {
 }
 
 // Block-wide sum; every thread gets the result. `red` is >= 32 floats of shared memory.
-// Contains barriers: call from all threads of the block.
-AMK_DEVICE float amk_block_sum(float v, float* red) {
+// Contains barriers: call from all threads of the block. `red_fresh`: no earlier reduction of
+// this op reads `red` (the scheduler's barriers come before an op), so its guard barrier goes.
+AMK_DEVICE float amk_block_sum(float v, float* red, bool red_fresh = false) {
   const int lane = threadIdx.x % AMK_WARP_SIZE, warp = threadIdx.x / AMK_WARP_SIZE;
   const int nwarps = (blockDim.x + AMK_WARP_SIZE - 1) / AMK_WARP_SIZE;
   v = amk_warp_sum(v);
-  amk_syncthreads();  // red may still be read by a previous reduction
+  if (!red_fresh) amk_syncthreads();  // red may still be read by a previous reduction
   if (lane == 0) red[warp] = v;
   amk_syncthreads();
   float s = 0.0f;
