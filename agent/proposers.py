@@ -126,6 +126,7 @@ class SearchSpace:
             Dim("rope_rows", ("auto", 16, 32, 64), ordered=False),  # a value the model's head_dim refuses: an error trial
             Dim("rope_multi_run", BOOL, ordered=False),
             Dim("kv_head_counters", BOOL, ordered=False),
+            Dim("fuse_attn_combine", BOOL, ordered=False),
             Dim("fuse_residual", BOOL, ordered=False),
             Dim("fuse_silu_mul", BOOL, ordered=False),
             Dim("quant", ("none", "int8", "int4"), ordered=False),

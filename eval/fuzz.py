@@ -151,6 +151,7 @@ def random_config(rng: random.Random) -> dict:
         cfg.update(quant_group=rng.choice(groups), quant_lm_head=rng.random() < 0.3, quant_unpack=rng.randint(0, 3) % 3)
     cfg["rope_multi_run"] = rng.random() < 0.5  # drawn last, so the draws before it are as they were
     cfg["kv_head_counters"] = rng.random() < 0.5  # likewise
+    cfg["fuse_attn_combine"] = rng.random() < 0.5  # likewise
     return cfg
 
 

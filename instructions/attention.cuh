@@ -25,6 +25,7 @@
 #pragma once
 #include "common.cuh"
 #include "vec.cuh"
+#include "combine.cuh"
 
 #ifndef AMK_ATTN_HB
 #define AMK_ATTN_HB 4  // query heads per register block of the P.V pass (vm/loader.py ATTN_HEAD_BLOCK)
@@ -612,80 +613,36 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   }
 }
 
-// ATTN_COMBINE: o = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, M = max_s m_s.
-// The (m, l) pairs of every split are staged once with parallel loads; the weights and the
-// denominator per head follow in shared memory (a warp per head, a fixed reduction tree);
-// each output element then sums its splits with batched loads. Shared memory (words): m[S*QH] (then the weights) | l[S*QH] | den[QH]
+// ATTN_COMBINE: one KV head's splits combined (combine.cuh). The (m, l) pairs of every split
+// are staged once with parallel loads; the weights and the denominator per head follow in
+// shared memory; each output element then sums its splits with batched loads.
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
-  const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
-  return 2 * splits * qh + qh;
+  return amk_combine_smem_words(
+      AmkCombineShape{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]});
 }
-
-// y[i] = sum_s w[s, h] o_s[i] / den[h] for every output element, the splits summed in order
-// with their loads batched and typed (amk_float_dispatch). Element s * n + i of the partials:
-// the lowering gives each split one run of n (or one run for all), so its address is off +
-// s * step + i with no division; other layouts take amk_flat.
-struct AmkCombineOutputs {
-  amk_u64 ptr;
-  const AmkOperand& po;
-  const AmkBuffer& yb;
-  const AmkOperand& y;
-  const float* wm;
-  const float* den;
-  int qh, hd, splits;
-  template <int DT>
-  AMK_DEVICE void run() const {
-    const amk_i64 n = (amk_i64)qh * hd;
-    const bool one_run_per_split = po.count <= 1 || po.len == n;
-    const amk_i64 step = po.count <= 1 ? n : po.stride;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int h = i / hd;
-      const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
-          splits,
-          [&](int s) {
-            return amk_load_as<DT>(ptr, one_run_per_split ? po.off + s * step + i : amk_flat(po, s * n + i));
-          },
-          [&](int s, float o) { return amk_mul(wm[s * qh + h], o); });
-      amk_store(yb, amk_flat(y, i), amk_div(num, den[h]));
-    }
-  }
-};
 
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
-  const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS], splits = t.ip[AMK_P_ATTN_SPLITS];
+  const AmkCombineShape sh{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]};
   float* wm = amk_smem(c, amk_smem_attn_combine(t));
   if (!wm) return;
-  float* ls = wm + splits * qh;
-  float* den = ls + splits * qh;
+  float* ls = wm + sh.pairs();
+  float* den = ls + sh.pairs();
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
-  const AmkBuffer &pb = amk_buf(c, po), &mb = amk_buf(c, ml), &yb = amk_buf(c, y);
-  for (int i = threadIdx.x; i < splits * qh; i += blockDim.x) {
-    wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
-    ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
-  }
+  const AmkBuffer &pb = amk_buf(c, po), &yb = amk_buf(c, y);
+  amk_combine_stage_ml(amk_buf(c, ml), ml, sh, wm, ls);
   amk_syncthreads();
   amk_trace_mark(c, 0);  // (m, l) staged
-  for (int h = amk_warp(); h < qh; h += amk_nwarps()) {  // a warp per head, its lanes over the splits
-    float mx = amk_neg_inf();
-    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) mx = fmaxf(mx, wm[s * qh + h]);
-    mx = amk_warp_max(mx);
-    float d = 0.0f;
-    for (int s = amk_lane(); s < splits; s += AMK_WARP_SIZE) {
-      const float w = amk_exp(amk_sub(wm[s * qh + h], mx));
-      wm[s * qh + h] = w;
-      d = amk_add(d, amk_mul(w, ls[s * qh + h]));
-    }
-    d = amk_warp_sum(d);
-    if (amk_lane() == 0) den[h] = d;
-  }
+  amk_combine_weights(sh, wm, ls, den);
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
-  const bool ok = amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  const auto out = amk_combine_outputs(pb.ptr, po, wm, den, sh,
+                                       [&](int i, float v) { amk_store(yb, amk_flat(y, i), v); });
+  const bool ok = amk_float_dispatch(pb.dtype, out);
 #if AMK_DIAG_TWICE
   amk_syncthreads();
   amk_trace_mark(c, 2);  // cold output loop done
-  amk_float_dispatch(pb.dtype, AmkCombineOutputs{pb.ptr, po, yb, y, wm, den, qh, hd, splits});
+  amk_float_dispatch(pb.dtype, out);
 #endif
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }

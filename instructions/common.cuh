@@ -34,6 +34,12 @@
 #ifndef AMK_EPI_HEAD_NORM
 #define AMK_EPI_HEAD_NORM 1
 #endif
+// AMK_GEMV_COMBINE 1: a GEMV may have the attention combine prologue (ir.GemvParams combine_*).
+// Off unless the program has one (vm/loader.py knob_defines turns it on): compiled into the
+// build of every op and dtype it makes ptxas spill on sm_80/90/120.
+#ifndef AMK_GEMV_COMBINE
+#define AMK_GEMV_COMBINE 0
+#endif
 #define AMK_WITH_OP(op) ((((AMK_OPS) >> (op)) & 1) != 0)
 #define AMK_WITH_EPILOGUE(e) ((((AMK_EPILOGUES) >> (e)) & 1) != 0)
 

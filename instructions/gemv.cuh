@@ -10,7 +10,9 @@
 //
 // Shared memory (4-byte words): xs[amk_xs_words(K)] | acc[rows * m] | red[32] | xsums[round4(K / 32)]
 //   | [norm weights: round4(K)] | [the epilogue's staged operands (AmkEpiStage), without split-K]
+//   | [the combine prologue's (m, l) weights and denominators (combine.cuh)]
 #pragma once
+#include "combine.cuh"
 #include "epilogue.cuh"
 #include "rmsnorm.cuh"
 #include "vec.cuh"
@@ -62,11 +64,20 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
 }
 
+// The combine prologue's shape (ir.GemvParams combine_*): every KV head of x; splits 0 if none.
+AMK_DEVICE AmkCombineShape amk_gemv_combine(const AmkTask& t) {
+  const int qh = t.ip[AMK_P_COMBINE_Q_HEADS], hd = t.ip[AMK_P_COMBINE_HEAD_DIM];
+  const int splits = t.ip[AMK_P_COMBINE_SPLITS];
+  if (!AMK_GEMV_COMBINE || splits <= 0) return AmkCombineShape{0, 0, 0, 0};
+  return AmkCombineShape{t.ip[AMK_P_K] / (qh * hd), qh, hd, splits};
+}
+
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
+  const AmkCombineShape cs = amk_gemv_combine(t);
   return amk_xs_words(k, amk_xpad_of(t)) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
-         amk_round4(amk_gemv_epi_stage(t).words());
+         amk_round4(amk_gemv_epi_stage(t).words()) + (cs.splits > 0 ? amk_round4(amk_combine_smem_words(cs)) : 0);
 }
 
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
@@ -383,11 +394,27 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const f
 // AMK_GEMV_NORM_ONE_BARRIER: the RMSNorm prologue of a whole row with one barrier before its
 // apply pass instead of three. Each thread sums the squares of the x elements it loads, and the
 // barrier that publishes x also publishes the warps' sums (no pass over shared memory, no
-// separate block reduction). An experiment, off until measured (eval/PERF_NOTES.md item 120);
-// its sum's order differs from the default's.
+// separate block reduction). On since measured (eval/PERF_NOTES.md item 121: 1B -0.2 %, 8B
+// -0.3 %); 0 keeps the old order of the sum of squares, for comparison.
 #ifndef AMK_GEMV_NORM_ONE_BARRIER
-#define AMK_GEMV_NORM_ONE_BARRIER 0
+#define AMK_GEMV_NORM_ONE_BARRIER 1
 #endif
+
+// The combine prologue: x is the attention output of every KV head, combined from the partials
+// (combine.cuh) and rounded to y's dtype, where the standalone combine would have stored it.
+// cw: the combine's shared memory (amk_combine_smem_words).
+AMK_DEVICE void amk_gemv_combine_x(const AmkCtx& c, AmkCombineShape cs, float* xs, AmkXPad xp, float* cw) {
+  const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML);
+  const AmkBuffer& pb = amk_buf(c, po);
+  float *ls = cw + cs.pairs(), *den = ls + cs.pairs();
+  amk_combine_stage_ml(amk_buf(c, ml), ml, cs, cw, ls);
+  amk_syncthreads();
+  amk_combine_weights(cs, cw, ls, den);
+  amk_syncthreads();
+  const int ydt = amk_buf(c, c.t->out[0]).dtype;
+  const auto out = amk_combine_outputs(pb.ptr, po, cw, den, cs, [&](int i, float v) { xs[xp.at(i)] = amk_round(ydt, v); });
+  if (!amk_float_dispatch(pb.dtype, out) && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
+}
 
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
@@ -399,8 +426,14 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   float* acc = xs + amk_xs_words(K, xp);
   float* red = acc + amk_round4((long long)rows * m);
 
-  // prologue: stage x (or its RMSNorm) as fp32, every load of a thread in flight at once
-  const AmkOperand& x = amk_in(c, AMK_ROLE_X);
+  // prologue: stage x (or its RMSNorm, or the attention combine) as fp32, every load of a thread
+  // in flight at once
+  const AmkCombineShape cs = amk_gemv_combine(t);
+  if (!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) {  // a build without the combine prologue
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
+    return;
+  }
+  const AmkOperand& x = amk_in(c, cs.splits > 0 ? AMK_ROLE_O : AMK_ROLE_X);  // (a combine reads no x)
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
   float* xsums = red + AMK_WARP_SIZE;
@@ -435,6 +468,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
       inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }
     for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
+  } else if (AMK_GEMV_COMBINE && cs.splits > 0) {
+    amk_gemv_combine_x(c, cs, xs, xp, epi + amk_round4(es.words()));
   } else {
     amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[xp.at(i)] = v; });
   }

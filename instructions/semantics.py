@@ -83,7 +83,8 @@ def rounder(dtype: Optional[torch.dtype]) -> Round:
 def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[torch.dtype]) -> dict[str, Round]:
     """The rounders an op takes from its operands' storage dtypes (ir.py Numerics):
     `rnd` rounds to the first output's dtype (ATTN_PARTIAL, whose outputs are fp32 scratch:
-    to q's dtype); GEMV's `x_rnd` rounds its RMSNorm prologue to x's dtype."""
+    to q's dtype); GEMV's `x_rnd` rounds its RMSNorm prologue to x's dtype, its attention
+    combine prologue to y's."""
     op = params.op
     if op == Op.ATTN_PARTIAL:
         return {"rnd": rounder(in_dtypes.get("q"))}
@@ -92,6 +93,8 @@ def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[
         kw["rnd"] = rounder(out_dtypes[0])
     if op == Op.GEMV and params.norm_eps is not None:
         kw["x_rnd"] = rounder(in_dtypes.get("x"))
+    if op == Op.GEMV and params.combine_splits > 0 and out_dtypes:  # where the standalone combine stored x
+        kw["x_rnd"] = rounder(out_dtypes[0])
     return kw
 
 
@@ -255,16 +258,20 @@ def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor]
     return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd, per_head=True)
 
 
-def gemv(p: GemvParams, w: Tensor, x: Tensor, gamma=None, w_scale=None, w_zero=None, w2=None, w2_scale=None,
-         w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, *,
-         group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
+def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_scale=None, w_zero=None, w2=None,
+         w2_scale=None, w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, o=None,
+         ml=None, *, group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
     """Rows of y = W x over columns [k_lo, k_hi), with optional RMSNorm prologue (x whole,
     normalised over all k, then sliced) and the epilogue; with split_k > 1 the raw partial
-    sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up).
+    sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up). With the attention
+    combine prologue (combine_splits > 0) x is ATTN_COMBINE of each KV head's partials (o, ml),
+    rounded by `x_rnd`.
 
     w/w2: fp32 [rows, klen], or quantized codes when w_scale is given (then `group`, the
     weight buffer's group size, is required)."""
     klen = p.k_hi - p.k_lo
+    if p.combine_splits > 0:
+        x = x_rnd(combine_heads(p, o, ml))
     x = _vec(x)
     if p.norm_eps is not None:
         _need(x.numel() == p.k, f"gemv: norm prologue needs the whole x (len {p.k}), got {x.numel()}")
@@ -335,6 +342,14 @@ def attn_combine(p: AttnCombineParams, o: Tensor, ml: Tensor) -> Tensor:
     num = (wgt[..., None] * o).sum(dim=0)
     den = (wgt * l).sum(dim=0)
     return (num / den[:, None]).reshape(-1)
+
+
+def combine_heads(p: GemvParams, o: Tensor, ml: Tensor) -> Tensor:
+    """A GEMV's combine prologue: ATTN_COMBINE of every KV head's partials, concatenated."""
+    head = AttnCombineParams(head_dim=p.combine_head_dim, q_heads=p.combine_q_heads, splits=p.combine_splits)
+    kv_heads = p.k // (p.combine_q_heads * p.combine_head_dim)
+    os, mls = o.reshape(kv_heads, -1), ml.reshape(kv_heads, -1)
+    return torch.cat([attn_combine(head, os[g], mls[g]) for g in range(kv_heads)])
 
 
 # ----------------------------------------------------------------------------- registry

@@ -187,6 +187,14 @@ class ScheduleConfig(BaseModel):
     fuse_residual: bool = Field(
         True, description="Residual add in the o-proj/down GEMV epilogue (else standalone ADD tasks)."
     )
+    fuse_attn_combine: bool = Field(
+        False,
+        description="The attention combine in the prologue of every o-proj GEMV task, which then reads "
+        "the partials of all KV heads and computes the whole attention output itself: one stage and "
+        "one cross-SM hop a layer fewer, for redundant combine work on every SM (each o task reads "
+        "every partial from the L2). Not with split_k > 1 (the o-proj then keeps the standalone "
+        "combine).",
+    )
     fuse_silu_mul: bool = Field(
         True,
         description="One gate/up GEMV with a SILU_MUL epilogue (else separate gate and up GEMVs "

@@ -266,6 +266,12 @@ class GemvParams(_Frozen):
     is the authority):
       w        rows x [k_lo, k_hi) of W (count=rows, stride=k, len=k_hi-k_lo)
       x        the input vector; the whole vector [0, k) if norm_eps is set, else [k_lo, k_hi)
+               -- or, if combine_splits > 0 (the attention combine prologue), instead of x:
+      o, ml    the attention partials of every KV head, laid out as ATTN_PARTIAL writes them:
+               o [k / (combine_q_heads * combine_head_dim), combine_splits, combine_q_heads,
+               combine_head_dim] and ml [.., 2]; x is then ATTN_COMBINE of each KV head's
+               partials, concatenated (len k) and rounded to y's dtype (where the standalone
+               combine would have stored it), with split_k == 1 and no norm
       [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
       [w_scale[, w_zero]]  for quantized w: tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
       [w2[, w2_scale[, w2_zero]]]  the up-projection slab, shaped like w  if epilogue == SILU_MUL
@@ -306,6 +312,9 @@ class GemvParams(_Frozen):
     head_dim: int = 0
     head_norm_eps: Optional[float] = None
     unpack: int = 0  # quantized unpack strategy (VM knob; semantics unchanged)
+    combine_splits: int = 0  # > 0: x is the attention combine of o/ml partials (see above)
+    combine_q_heads: int = 0
+    combine_head_dim: int = 0
 
 
 class ReduceParams(_Frozen):

@@ -156,6 +156,20 @@ class _Mat:
         return 2 if self.epilogue == Epilogue.SILU_MUL else 1
 
 
+@dataclass(frozen=True)
+class _Combine:
+    """The attention partials a GEMV's combine prologue reads (ir.GemvParams combine_*)."""
+
+    o: Buffer
+    ml: Buffer
+    splits: int
+    q_heads: int
+    head_dim: int
+
+    def params(self) -> dict:
+        return {"combine_splits": self.splits, "combine_q_heads": self.q_heads, "combine_head_dim": self.head_dim}
+
+
 @dataclass
 class _Spec:
     name: str
@@ -307,10 +321,12 @@ class _Lowering:
         return cid
 
     # ------------------------------------------------------------------ GEMV stages
-    def gemv_stage(self, name: str, mats: list[_Mat], x: Buffer, norm: Optional[Buffer],
-                   counter_of: Optional[Callable[[str, int], int]] = None) -> None:
+    def gemv_stage(self, name: str, mats: list[_Mat], x: Optional[Buffer], norm: Optional[Buffer],
+                   counter_of: Optional[Callable[[str, int], int]] = None,
+                   combine: Optional["_Combine"] = None) -> None:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
-        when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any.
+        when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any;
+        `combine` (split_k 1 only) the attention partials that each task combines into x.
         `counter_of(role, r0)`, if given, splits the stage's output tasks over several
         counters (slabs with one key share one), so that a consumer of part of the output
         waits only for the slabs that write it."""
@@ -343,9 +359,13 @@ class _Lowering:
                         has_bias=m.bias is not None, epilogue=m.epilogue, head_dim=m.head_dim,
                         head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
                         unpack=cfg.quant_unpack if m.w.group else 0,
+                        **(combine.params() if combine else {}),
                     )
                     ins = [self.w_op(m.w, r0, rows, k_lo, k_hi)]
-                    ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
+                    if combine:
+                        ins += [_whole(combine.o), _whole(combine.ml)]
+                    else:
+                        ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
                     if norm is not None:
                         ins.append(_whole(norm))
                     ins += self.q_ops(m.w, r0, rows, k_lo, k_hi)
@@ -547,7 +567,6 @@ class _Lowering:
             S = self.kv_splits
             o_part = self.buf("attn.o_partial", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, d])
             ml = self.buf("attn.ml", BufferKind.SCRATCH, DType.F32, [nkv, S, qh, 2])
-            attn = self.act("attn_out", QD)
             scale = 1.0 / math.sqrt(d)
             # with XCD placement and whole heads per XCD, each XCD's partials get their own
             # counter, which only that XCD's combines wait on (an XCD-scoped edge)
@@ -566,16 +585,21 @@ class _Lowering:
                           head_xcd[g])
                     for g in range(g0, g1) for s in range(S)
                 ])
-            self.group(f"{t}.attn_combine", [
-                _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
-                      [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
-                      [_op(attn, g * qh * d, qh * d)], head_xcd[g])
-                for g in range(nkv)
-            ])
+            combine, attn = None, None
+            if cfg.fuse_attn_combine and cfg.split_k == 1:  # every o-proj task combines all heads itself
+                combine = _Combine(o_part, ml, S, qh, d)
+            else:
+                attn = self.act("attn_out", QD)
+                self.group(f"{t}.attn_combine", [
+                    _Spec(f"{t}.attn_combine[g{g}]", AttnCombineParams(head_dim=d, q_heads=qh, splits=S),
+                          [_op(o_part, g * S * qh * d, S * qh * d), _op(ml, g * S * qh * 2, S * qh * 2)],
+                          [_op(attn, g * qh * d, qh * d)], head_xcd[g])
+                    for g in range(nkv)
+                ])
 
             # ---- o-proj (+ residual)
             wo = self.linear(a + "o_proj.weight", H, QD)
-            self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj")
+            self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj", combine)
 
             # ---- mlp
             m = p + "mlp."
@@ -618,13 +642,16 @@ class _Lowering:
         self.group("argmax", [_Spec("argmax.merge", ArgmaxParams(n=len(slices), mode=ArgmaxMode.MERGE),
                                     [_whole(pairs)], [_whole(token)])])
 
-    def residual_gemv(self, name: str, role: str, w: Buffer, src: Buffer, x: Buffer, tmp: str) -> None:
-        """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD."""
+    def residual_gemv(self, name: str, role: str, w: Buffer, src: Optional[Buffer], x: Buffer, tmp: str,
+                      combine: Optional["_Combine"] = None) -> None:
+        """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD.
+        With `combine`, src is computed by each task's combine prologue instead of read."""
         if self.cfg.fuse_residual:
-            self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x)], src, None)
+            mat = _Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x)
+            self.gemv_stage(name, [mat], src, None, combine=combine)
         else:
             out = self.act(tmp, x.numel)
-            self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None)
+            self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None, combine=combine)
             self.binary(f"{name}.add", Op.ADD, x, out, x)
 
     def prefetch_depth(self) -> int:

@@ -39,7 +39,7 @@ def input_roles(params, weight_dtype: DType = DType.F32) -> list[str]:
     """Names of a task's input operands, in order. `weight_dtype` matters for GEMV only."""
     op = params.op
     if op == Op.GEMV:
-        roles = ["w", "x"]
+        roles = ["w", "o", "ml"] if params.combine_splits > 0 else ["w", "x"]
         if params.norm_eps is not None:
             roles.append("gamma")
         roles += quant_roles("w", weight_dtype)

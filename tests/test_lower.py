@@ -363,6 +363,7 @@ FIELD_CHANGES = {
     "rope_rows": ({}, dict(rope_rows=16)),
     "rope_multi_run": ({}, dict(rope_multi_run=False)),
     "kv_head_counters": ({}, dict(kv_head_counters=False)),
+    "fuse_attn_combine": ({}, dict(fuse_attn_combine=True)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
@@ -518,6 +519,13 @@ E2E = [
     ("qwen2", dict(H=128, heads=4, kv=2, d=32, F=192, L=2, V=200), dict(kv_head_counters=True, split_k=2)),
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200),
      dict(kv_head_counters=True, fuse_rope_append=False, kv_splits=3)),
+    # the attention combine in the o-proj's prologue: float, quantized o-proj, unfused residual and
+    # norm, split-K (which keeps the standalone combine)
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(fuse_attn_combine=True, kv_splits=3)),
+    ("mistral", dict(H=96, heads=3, kv=3, d=32, F=160, L=2, V=128),
+     dict(fuse_attn_combine=True, quant="int8", quant_group=32, gemv_tasks_per_matrix=3)),
+    ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(fuse_attn_combine=True, **UNFUSED)),
+    ("qwen2", dict(H=128, heads=4, kv=2, d=32, F=192, L=2, V=200), dict(fuse_attn_combine=True, split_k=2)),
 ]
 
 
@@ -708,5 +716,33 @@ def test_kv_head_counters_narrow_the_attention_waits():
         assert all(t.name.startswith("layers.0.qkv.") for t in qkv)
         assert {t.name.split("[")[0] for t in qkv} == {"layers.0.qkv.q", "layers.0.qkv.k", "layers.0.qkv.v"}
         assert len(qkv) < sum(t.name.startswith("layers.0.qkv.") for t in p.tasks)  # not the whole stage
+    res = validate(p)
+    assert res.accepted, res.summary()
+
+
+@pytest.mark.parametrize("kv_head_counters", [False, True])
+def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
+    """fuse_attn_combine: no ATTN_COMBINE tasks; every o-proj task reads all KV heads' partials
+    (o and ml whole), waits for every partial counter of its layer, and the program validates."""
+    spec = ZOO["gqa"]
+    cfg = dict(kv_head_counters=kv_head_counters, gemv_tasks_per_matrix=4, kv_splits=3)
+    base = lower(spec, cfg_of(**cfg), H100, kv_capacity=16)
+    p = lower(spec, cfg_of(fuse_attn_combine=True, **cfg), H100, kv_capacity=16)
+    assert not any(t.op == Op.ATTN_COMBINE for t in p.tasks)
+    assert len(p.counters) == len(base.counters) - spec.num_layers  # one stage a layer fewer
+    writers: dict[int, set] = {}
+    for t in p.tasks:
+        writers.setdefault(t.out_counter, set()).add(t.name.split("[")[0])
+    partials = {c for c, names in writers.items() if any(".attn_partial" in n for n in names)}
+    o_tasks = [t for t in p.tasks if t.name.startswith("layers.0.o_proj")]
+    assert len(o_tasks) > 1
+    for t in o_tasks:
+        assert (t.params.combine_splits, t.params.combine_q_heads, t.params.combine_head_dim) == (3, 2, 64)
+        o, ml = (p.buffers[t.inputs[i].buf] for i in (1, 2))
+        assert (o.name, ml.name) == ("attn.o_partial", "attn.ml")
+        assert (t.inputs[1].len, t.inputs[2].len) == (o.numel, ml.numel)
+        waited = {w.counter for w in t.waits}
+        layer0 = {c for c in partials if any(n.startswith("layers.0.") for n in writers[c])}
+        assert layer0 <= waited
     res = validate(p)
     assert res.accepted, res.summary()

@@ -162,7 +162,9 @@ def test_tiny_model(emu, family):
                                       fuse_silu_mul=False, quant="int8"),
                                  dict(rope_multi_run=True, gemv_tasks_per_matrix=3),
                                  dict(kv_head_counters=True, gemv_tasks_per_matrix=3),
-                                 dict(kv_head_counters=True, split_k=2)])
+                                 dict(kv_head_counters=True, split_k=2),
+                                 dict(fuse_attn_combine=True, gemv_tasks_per_matrix=3),
+                                 dict(fuse_attn_combine=True, quant="int4", quant_group=32, fuse_residual=False)])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])

@@ -202,5 +202,8 @@ LOWERED = {
     "llama-gqa-tied/rope_multi_run": dict(rope_multi_run=True, gemv_tasks_per_matrix=3),
     # a counter per KV head for q/k/v and the attention partials (PERF_NOTES item 116)
     "llama-gqa-tied/kv_head_counters": dict(kv_head_counters=True, gemv_tasks_per_matrix=3),
+    # the attention combine in every o-proj task's prologue (PERF_NOTES item 122)
+    "llama-gqa-tied/fuse_attn_combine": dict(fuse_attn_combine=True, gemv_tasks_per_matrix=3),
+    "smollm2-like/fuse_attn_combine": dict(kv_splits=4, fuse_attn_combine=True),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]

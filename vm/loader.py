@@ -106,6 +106,7 @@ ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 PARAM_INDEX = {
     "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
     "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10, "P_X_PAD": 11,
+    "P_COMBINE_SPLITS": 12, "P_COMBINE_Q_HEADS": 13, "P_COMBINE_HEAD_DIM": 14,
     "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
@@ -165,6 +166,8 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shif
             ip[_P("P_K")], ip[_P("P_K_LO")], ip[_P("P_K_HI")] = p.k, p.k_lo, p.k_hi
             ip[_P("P_HAS_NORM")], ip[_P("P_UNPACK")] = int(p.norm_eps is not None), p.unpack
             ip[_P("P_X_PAD")] = x_pad_shift
+            ip[_P("P_COMBINE_SPLITS")], ip[_P("P_COMBINE_Q_HEADS")] = p.combine_splits, p.combine_q_heads
+            ip[_P("P_COMBINE_HEAD_DIM")] = p.combine_head_dim
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -231,9 +234,14 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
         k = p.k_hi - p.k_lo
         # x | accumulators | reduction scratch | x sums (U4 zero term) | the norm weights, staged with x
         # | the epilogue's operands, staged with x (amk_gemv_epi_stage: none under split-K)
+        # | the combine prologue's weights and denominators (combine.cuh amk_combine_smem_words)
         norm = r4(k) if p.norm_eps is not None else 0
+        combine = 0
+        if p.combine_splits > 0:
+            heads = p.k // p.combine_head_dim
+            combine = r4(2 * heads * p.combine_splits + heads)
         return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
-                + r4(epilogue_staged_words(p)))
+                + r4(epilogue_staged_words(p)) + combine)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -392,7 +400,8 @@ def knob_defines(program: Program) -> dict[str, int]:
     """The build defines a program's VM knobs select: program.meta['vm'] (gemv_unroll,
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
-    every task, so the quantized GEMVs must agree on it."""
+    every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
+    the attention combine prologue, which no build compiles unless asked (common.cuh)."""
     vm_meta = _vm_meta(program)
     out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
@@ -404,6 +413,8 @@ def knob_defines(program: Program) -> dict[str, int]:
                         f"{UNPACK_STRATEGIES} (0 = the default)")
     if unpack:
         out["AMK_Q_UNPACK"] = unpack.pop()
+    if any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks):
+        out["AMK_GEMV_COMBINE"] = 1
     return out
 
 

@@ -94,6 +94,9 @@ enum AmkParamIndex {
   AMK_P_HAS_NORM = 9,  // GEMV only
   AMK_P_UNPACK = 10,   // GEMV only (VM knob)
   AMK_P_X_PAD = 11,    // GEMV only: log2 of the columns between x's 4-float pads, 0: dense (loader.gemv_x_pad_shift)
+  AMK_P_COMBINE_SPLITS = 12,    // GEMV only: > 0: x is the attention combine of the o/ml partials
+  AMK_P_COMBINE_Q_HEADS = 13,   // GEMV only
+  AMK_P_COMBINE_HEAD_DIM = 14,  // GEMV only
   AMK_F_HEAD_NORM_EPS = 0,
   AMK_F_NORM_EPS = 1,
   // EMBED

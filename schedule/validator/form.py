@@ -138,6 +138,7 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(p.k_lo == 0 and p.k_hi == p.k, "without split-K a task covers all of K")
     if p.norm_eps is not None:
         need(_pos_finite(p.norm_eps), "norm_eps must be positive and finite")
+    heads = _combine_heads(p, need)
     span = p.k_hi - p.k_lo
     wdtype = w_buf.dtype if w_buf is not None else D.F32
     group = (w_buf.group or 0) if w_buf is not None else 0
@@ -152,6 +153,10 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
             ins.append(Rule(READABLE, FLOAT, length=p.k if p.norm_eps is not None else span))
         elif role == "gamma":
             ins.append(Rule(IMMUTABLE, FLOAT, length=p.k))
+        elif role == "o":  # every KV head's partials: heads x splits x head_dim values
+            ins.append(Rule(READABLE, FLOAT, length=heads * p.combine_splits * p.combine_head_dim))
+        elif role == "ml":
+            ins.append(Rule(READABLE, FLOAT, length=heads * p.combine_splits * 2))
         elif role in _QUANT_COMPANIONS:
             ins.append(Rule(IMMUTABLE, FLOAT, length=span // group, count=p.rows, stride=p.k // group)
                        if quant and group else _NOTHING)
@@ -160,6 +165,19 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
     if p.split_k > 1:
         return ins, [Rule(WRITABLE, frozenset({D.F32}), length=p.rows * m)]
     return ins, [y_rule]
+
+
+def _combine_heads(p, need) -> int:
+    """The q heads whose attention combine a GEMV's prologue computes (0 without one): whole
+    heads over all of K, which a single task covers without a norm."""
+    if p.combine_splits == 0 and p.combine_q_heads == 0 and p.combine_head_dim == 0:
+        return 0
+    qh, d = p.combine_q_heads, p.combine_head_dim
+    need(1 <= p.combine_splits <= ir.MAX_KV_SPLITS and qh >= 1 and 1 <= d <= ir.MAX_HEAD_DIM,
+         "a combine prologue needs splits in [1, MAX_KV_SPLITS], q_heads >= 1, head_dim in [1, MAX_HEAD_DIM]")
+    need(qh >= 1 and d >= 1 and p.k % (qh * d) == 0, "a combine prologue needs k a multiple of q_heads * head_dim")
+    need(p.split_k == 1 and p.norm_eps is None, "a combine prologue takes no split-K and no norm")
+    return p.k // d if d >= 1 else 0
 
 
 _QUANT_COMPANIONS = frozenset({"w_scale", "w_zero", "w2_scale", "w2_zero"})

@@ -1,0 +1,106 @@
+// The split-KV attention combine, shared by ATTN_COMBINE (one KV head a task) and the GEMV's
+// combine prologue (every KV head, into the o-proj's staged x; ir.GemvParams combine_*):
+//   o[h] = sum_s exp(m_s,h - M_h) o_s,h / sum_s exp(m_s,h - M_h) l_s,h,  M_h = max_s m_s,h.
+// The partials' layout is ATTN_PARTIAL's: [groups (KV heads), splits, q_heads, head_dim] and
+// (m, l) pairs [groups, splits, q_heads]; with one group it is ATTN_COMBINE's operand.
+#pragma once
+#include "common.cuh"
+#include "vec.cuh"
+
+struct AmkCombineShape {
+  int groups, qh, hd, splits;
+  AMK_DEVICE int heads() const { return groups * qh; }
+  AMK_DEVICE int pairs() const { return groups * splits * qh; }  // (m, l) pairs
+};
+
+// Shared memory (words): m (then the weights) | l | the denominators.
+AMK_DEVICE long long amk_combine_smem_words(AmkCombineShape s) { return 2ll * s.pairs() + s.heads(); }
+
+// Stage every (m, l) pair with parallel loads: wm[i] = m, ls[i] = l, i = (g * S + s) * qh + qi.
+AMK_DEVICE void amk_combine_stage_ml(const AmkBuffer& mb, const AmkOperand& ml, AmkCombineShape s, float* wm,
+                                     float* ls) {
+  for (int i = threadIdx.x; i < s.pairs(); i += blockDim.x) {
+    wm[i] = amk_load(mb, amk_flat(ml, 2 * i));
+    ls[i] = amk_load(mb, amk_flat(ml, 2 * i + 1));
+  }
+}
+
+// Each split's weight exp(m - M) in place of m, and each head's denominator: a warp per head,
+// its lanes over the splits, a fixed reduction tree. An empty split (m = -inf) weighs 0.
+AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* ls, float* den) {
+  for (int h = amk_warp(); h < s.heads(); h += amk_nwarps()) {
+    const int w0 = (h / s.qh) * s.splits * s.qh + h % s.qh;  // split s of head h: w0 + s * qh
+    float mx = amk_neg_inf();
+    for (int k = amk_lane(); k < s.splits; k += AMK_WARP_SIZE) mx = fmaxf(mx, wm[w0 + k * s.qh]);
+    mx = amk_warp_max(mx);
+    float d = 0.0f;
+    for (int k = amk_lane(); k < s.splits; k += AMK_WARP_SIZE) {
+      const float w = amk_exp(amk_sub(wm[w0 + k * s.qh], mx));
+      wm[w0 + k * s.qh] = w;
+      d = amk_add(d, amk_mul(w, ls[w0 + k * s.qh]));
+    }
+    d = amk_warp_sum(d);
+    if (amk_lane() == 0) den[h] = d;
+  }
+}
+
+// Every output i in [0, heads * hd), its splits summed in order, then store(i, value). Split s
+// of output i (head h, group g) is partial element off + i + g * (S - 1) * n + s * step, n =
+// qh * hd: the lowering gives each split one run of n (or one run for all), so there is no
+// division; other layouts (one group only) take amk_flat. F32 partials of 4-aligned runs are
+// summed 4 outputs at a time with 16-byte loads.
+template <class Store>
+struct AmkCombineOutputs {
+  amk_u64 ptr;
+  const AmkOperand& po;
+  const float* wm;
+  const float* den;
+  AmkCombineShape s;
+  Store store;
+  template <int DT>
+  AMK_DEVICE void run() const {
+    const amk_i64 n = (amk_i64)s.qh * s.hd, step = po.count <= 1 ? n : po.stride;
+    const bool runs = po.count <= 1 || po.len == n;
+    if (DT == AMK_DTYPE_F32 && runs && s.hd % 4 == 0 && step % 4 == 0 && (ptr + 4 * po.off) % 16 == 0) {
+      for (int j = threadIdx.x; j < s.heads() * s.hd / 4; j += blockDim.x) sum4(j * 4, step);
+      return;
+    }
+    for (int i = threadIdx.x; i < s.heads() * s.hd; i += blockDim.x) {
+      const int h = i / s.hd, g = h / s.qh, w0 = g * s.splits * s.qh + h % s.qh;
+      const amk_i64 base = po.off + i + g * (s.splits - 1) * n;
+      const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
+          s.splits, [&](int k) { return amk_load_as<DT>(ptr, runs ? base + k * step : amk_flat(po, k * n + i)); },
+          [&](int k, float o) { return amk_mul(wm[w0 + k * s.qh], o); });
+      store(i, amk_div(num, den[h]));
+    }
+  }
+  // outputs i .. i + 3 (one head): the splits' 16-byte loads batched, each sum in split order
+  AMK_DEVICE void sum4(int i, amk_i64 step) const {
+    constexpr int U = AMK_SPLIT_SUM_UNROLL / 2;  // 16-byte loads in flight
+    const int h = i / s.hd, g = h / s.qh, w0 = g * s.splits * s.qh + h % s.qh;
+    const float* base = (const float*)ptr + po.off + i + (amk_i64)g * (s.splits - 1) * s.qh * s.hd;
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int k0 = 0; k0 < s.splits; k0 += U) {
+      amk_u32x4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k0 + u < s.splits) v[u] = amk_ld16(base + (k0 + u) * step);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k0 + u < s.splits) {
+          const float w = wm[w0 + (k0 + u) * s.qh];
+          const float o[4] = {__uint_as_float(v[u].x), __uint_as_float(v[u].y), __uint_as_float(v[u].z),
+                              __uint_as_float(v[u].w)};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[e] = k0 + u == 0 ? amk_mul(w, o[e]) : amk_add(a[e], amk_mul(w, o[e]));
+        }
+    }
+    for (int e = 0; e < 4; ++e) store(i + e, amk_div(a[e], den[h]));
+  }
+};
+template <class Store>
+AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOperand& po, const float* wm,
+                                                        const float* den, AmkCombineShape s, Store store) {
+  return AmkCombineOutputs<Store>{ptr, po, wm, den, s, store};
+}
