@@ -573,9 +573,12 @@ class _Lowering:
             local = self.xcds > 1 and nkv % self.xcds == 0
             head_xcd = [g * self.xcds // nkv if local else -1 for g in range(nkv)]
             # kv_head_counters: a counter per KV head, so that its combine waits for its own partials
-            cuts = [(g, g + 1) for g in range(nkv)] if cfg.kv_head_counters else tiles(nkv, self.xcds if local else 1)
+            # (not when every o-proj task combines all heads: it would wait for every counter)
+            fused = cfg.fuse_attn_combine and cfg.split_k == 1
+            per_head = cfg.kv_head_counters and not fused
+            cuts = [(g, g + 1) for g in range(nkv)] if per_head else tiles(nkv, self.xcds if local else 1)
             for xi, (g0, g1) in enumerate(cuts):
-                tag = f".g{g0}" if cfg.kv_head_counters else (f".x{xi}" if local else "")
+                tag = f".g{g0}" if per_head else (f".x{xi}" if local else "")
                 self.group(f"{t}.attn_partial" + tag, [
                     _Spec(f"{t}.attn_partial[g{g}.s{s}]",
                           AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
@@ -586,7 +589,7 @@ class _Lowering:
                     for g in range(g0, g1) for s in range(S)
                 ])
             combine, attn = None, None
-            if cfg.fuse_attn_combine and cfg.split_k == 1:  # every o-proj task combines all heads itself
+            if fused:  # every o-proj task combines all heads itself
                 combine = _Combine(o_part, ml, S, qh, d)
             else:
                 attn = self.act("attn_out", QD)

@@ -723,13 +723,15 @@ def test_kv_head_counters_narrow_the_attention_waits():
 @pytest.mark.parametrize("kv_head_counters", [False, True])
 def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
     """fuse_attn_combine: no ATTN_COMBINE tasks; every o-proj task reads all KV heads' partials
-    (o and ml whole), waits for every partial counter of its layer, and the program validates."""
+    (o and ml whole), waits for the layer's partials (one counter: a counter per KV head would
+    give the 8 KV heads of a Llama-3 more waits than a task holds), and the program validates."""
     spec = ZOO["gqa"]
     cfg = dict(kv_head_counters=kv_head_counters, gemv_tasks_per_matrix=4, kv_splits=3)
     base = lower(spec, cfg_of(**cfg), H100, kv_capacity=16)
     p = lower(spec, cfg_of(fuse_attn_combine=True, **cfg), H100, kv_capacity=16)
     assert not any(t.op == Op.ATTN_COMBINE for t in p.tasks)
-    assert len(p.counters) == len(base.counters) - spec.num_layers  # one stage a layer fewer
+    assert any("attn_combine" in c.name for c in base.counters)
+    assert not any("attn_combine" in c.name for c in p.counters)  # one stage a layer fewer
     writers: dict[int, set] = {}
     for t in p.tasks:
         writers.setdefault(t.out_counter, set()).add(t.name.split("[")[0])
@@ -743,6 +745,6 @@ def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
         assert (t.inputs[1].len, t.inputs[2].len) == (o.numel, ml.numel)
         waited = {w.counter for w in t.waits}
         layer0 = {c for c in partials if any(n.startswith("layers.0.") for n in writers[c])}
-        assert layer0 <= waited
+        assert len(layer0) == 1 and layer0 <= waited
     res = validate(p)
     assert res.accepted, res.summary()
