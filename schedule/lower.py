@@ -79,6 +79,9 @@ ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
 LM_HEAD_STAGE = "lm_head"  # the name (and task-name prefix) of the LM head's GEMV stage
 
 
+MIN_SPLIT_POSITIONS = 64  # the KV positions below which 'auto' kv_splits adds no more splits
+
+
 def tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
     """Split [0, n) into at most `parts` near-equal contiguous tiles, bounds multiples of gran."""
     if n % gran:
@@ -224,8 +227,12 @@ class _Lowering:
         if cfg.kv_splits == "auto":
             fill = -(-kv_capacity // cfg.kv_block)
             # floor, not ceil: one more split than queues/kv_heads puts two partials on some
-            # queue, back to back on the critical path (measured: attention 2x slower)
-            self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill))
+            # queue, back to back on the critical path (measured: attention 2x slower); and at
+            # least MIN_SPLIT_POSITIONS positions a split, since every split adds to each
+            # combine's sums (SmolLM2's 3 KV heads at ctx 1024: 44 splits -> 16, -5.3 %,
+            # eval/PERF_NOTES.md item 122)
+            short = max(1, kv_capacity // MIN_SPLIT_POSITIONS)
+            self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill, short))
         else:
             self.kv_splits = cfg.kv_splits
         a = cfg.argmax_splits
