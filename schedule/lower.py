@@ -80,6 +80,10 @@ LM_HEAD_STAGE = "lm_head"  # the name (and task-name prefix) of the LM head's GE
 
 
 MIN_SPLIT_POSITIONS = 64  # the KV positions below which 'auto' kv_splits adds no more splits
+# 'auto' kv_splits' cap: a combine output's split loads in flight (AMK_SPLIT_SUM_UNROLL, vec.cuh),
+# so that it sums its splits in one round trip (a 17th split costs a second)
+AUTO_MAX_KV_SPLITS = 16
+assert AUTO_MAX_KV_SPLITS <= MAX_KV_SPLITS
 
 
 def tiles(n: int, parts: int, gran: int = 1) -> list[tuple[int, int]]:
@@ -227,12 +231,12 @@ class _Lowering:
         if cfg.kv_splits == "auto":
             fill = -(-kv_capacity // cfg.kv_block)
             # floor, not ceil: one more split than queues/kv_heads puts two partials on some
-            # queue, back to back on the critical path (measured: attention 2x slower); and at
-            # least MIN_SPLIT_POSITIONS positions a split, since every split adds to each
-            # combine's sums (SmolLM2's 3 KV heads at ctx 1024: 44 splits -> 16, -5.3 %,
-            # eval/PERF_NOTES.md item 122)
+            # queue, back to back on the critical path (measured: attention 2x slower); at least
+            # MIN_SPLIT_POSITIONS positions a split and at most AUTO_MAX_KV_SPLITS splits, since
+            # every split adds to each combine's sums (SmolLM2's 3 KV heads at ctx 1024: 44
+            # splits -> 16, -5.4 %; 18 only -4.1 %; eval/PERF_NOTES.md item 123)
             short = max(1, kv_capacity // MIN_SPLIT_POSITIONS)
-            self.kv_splits = max(1, min(MAX_KV_SPLITS, self.n_queues // kvh, fill, short))
+            self.kv_splits = max(1, min(AUTO_MAX_KV_SPLITS, self.n_queues // kvh, fill, short))
         else:
             self.kv_splits = cfg.kv_splits
         a = cfg.argmax_splits

@@ -748,3 +748,14 @@ def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
         assert len(layer0) == 1 and layer0 <= waited
     res = validate(p)
     assert res.accepted, res.summary()
+
+
+@pytest.mark.parametrize("shape,capacity,want", [("smollm2-135m", 1162, 16), ("llama-3.2-1b", 1162, 16),
+                                                 ("llama-3.2-1b", 8330, 16), ("smollm2-135m", 300, 4)])
+def test_auto_kv_splits(shape, capacity, want):
+    """'auto' kv_splits: queues / KV heads, at most 16 (a combine output's split loads in one
+    round trip) and one split per 64 KV positions (SmolLM2's 3 KV heads once got 44)."""
+    spec = spec_from_hf_config(shape_config(shape), name=shape, dtype="bfloat16")
+    p = lower(spec, ScheduleConfig(), H100, kv_capacity=capacity)  # all 132 queues
+    part = next(t for t in p.tasks if t.params.op == Op.ATTN_PARTIAL)
+    assert part.params.splits == want
