@@ -47,8 +47,11 @@ AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* l
 // Every output i in [0, heads * hd), its splits summed in order, then store(i, value). Split s
 // of output i (head h, group g) is partial element off + i + g * (S - 1) * n + s * step, n =
 // qh * hd: the lowering gives each split one run of n (or one run for all), so there is no
-// division; other layouts (one group only) take amk_flat. F32 partials of 4-aligned runs are
-// summed 4 outputs at a time with 16-byte loads.
+// division; other layouts (one group only) take amk_flat. Where a thread has 4 outputs or more
+// anyway (the GEMV prologue's every head), F32 partials of 4-aligned runs are summed 4 outputs
+// at a time with 16-byte loads; with fewer (ATTN_COMBINE: one output a thread) each thread
+// keeps its output's AMK_SPLIT_SUM_UNROLL split loads in flight at once, one round trip for
+// up to 16 splits where the vector loop's batches would take two.
 template <class Store>
 struct AmkCombineOutputs {
   amk_u64 ptr;
@@ -61,7 +64,8 @@ struct AmkCombineOutputs {
   AMK_DEVICE void run() const {
     const amk_i64 n = (amk_i64)s.qh * s.hd, step = po.count <= 1 ? n : po.stride;
     const bool runs = po.count <= 1 || po.len == n;
-    if (DT == AMK_DTYPE_F32 && runs && s.hd % 4 == 0 && step % 4 == 0 && (ptr + 4 * po.off) % 16 == 0) {
+    const bool many = s.heads() * s.hd >= 4 * (int)blockDim.x;
+    if (DT == AMK_DTYPE_F32 && many && runs && s.hd % 4 == 0 && step % 4 == 0 && (ptr + 4 * po.off) % 16 == 0) {
       for (int j = threadIdx.x; j < s.heads() * s.hd / 4; j += blockDim.x) sum4(j * 4, step);
       return;
     }
