@@ -15,7 +15,8 @@ The summary pairs each arm with the reference round by round (ratio of the megak
 medians of one round) and gives their mean; each bench's own paired ratio to its baseline
 (`--baselines`, run interleaved in the same process) is kept too, as a check that does not
 depend on the order of the processes. `--out` writes all of it, with every command, as JSON
-(atomically). The rule of eval/PERF_NOTES.md holds: no latency without a PASS in the same
+(atomically, after every bench, so that a run cut short keeps what it measured: `complete`
+says whether it finished). The rule of eval/PERF_NOTES.md holds: no latency without a PASS in the same
 run, and a change is judged by paired rounds, not by one row against another call's.
 """
 
@@ -153,20 +154,28 @@ def prewarm(b: BenchArgs, arms: list[Arm], log: Callable[[str], None]) -> None:
 
 def run_ab(b: BenchArgs, arms: list[Arm], rounds: int,
            run: Callable[[BenchArgs, Arm], dict] = run_bench_process,
-           log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> dict:
-    """Every round's benches, then the paired summary (see the module docstring)."""
+           log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+           on_bench: Callable[[dict], None] = lambda doc: None) -> dict:
+    """Every round's benches, then the paired summary (see the module docstring). After each
+    bench `on_bench` gets the document so far (`complete` false until the last bench), so that a
+    run cut short by a time limit keeps the benches it finished."""
     results: list[dict[str, dict]] = []
+
+    def doc(complete: bool) -> dict:
+        return {"model": b.model, "bench": asdict(b), "arms": [asdict(a) for a in arms],
+                "commands": {a.label: command_line(b, a) for a in arms}, "complete": complete,
+                "rounds": results, "summary": summarize(arms, results)}
+
     for r in range(rounds):
         got: dict[str, dict] = {}
+        results.append(got)
         for arm in round_order(arms, r):
             res = run(b, arm)
             got[arm.label] = res
             shown = f"{res['median_us']:.1f} us" if res["status"] == "ok" else f"{res['status'].upper()}: {res.get('error', '')}"
             log(f"round {r + 1}/{rounds} {arm.label}: {shown}")
-        results.append(got)
-    return {"model": b.model, "bench": asdict(b), "arms": [asdict(a) for a in arms],
-            "commands": {a.label: command_line(b, a) for a in arms},
-            "rounds": results, "summary": summarize(arms, results)}
+            on_bench(doc(False))
+    return doc(True)
 
 
 def summarize(arms: list[Arm], results: list[dict[str, dict]]) -> dict:
@@ -174,14 +183,17 @@ def summarize(arms: list[Arm], results: list[dict[str, dict]]) -> dict:
     reference's median of the same round, with their mean."""
     ref = arms[0].label
     out = {}
+
+    def ok_in(r: dict, label: str) -> bool:  # (an arm of an unfinished round may not have run yet)
+        return label in r and r[label]["status"] == "ok"
+
     for a in arms:
-        med = [r[a.label]["median_us"] if r[a.label]["status"] == "ok" else None for r in results]
+        med = [r[a.label]["median_us"] if ok_in(r, a.label) else None for r in results]
         ok = [m for m in med if m is not None]
         row = {"medians_us": med, "mean_us": sum(ok) / len(ok) if ok else None,
-               "failed_rounds": sum(m is None for m in med)}
+               "failed_rounds": sum(a.label in r and not ok_in(r, a.label) for r in results)}
         if a.label != ref:
-            ratios = [m / r[ref]["median_us"] for m, r in zip(med, results)
-                      if m is not None and r[ref]["status"] == "ok"]
+            ratios = [m / r[ref]["median_us"] for m, r in zip(med, results) if m is not None and ok_in(r, ref)]
             row["ratios_to_ref"] = ratios
             row["mean_ratio_to_ref"] = sum(ratios) / len(ratios) if ratios else None
         out[a.label] = row
@@ -195,7 +207,8 @@ def format_summary(doc: dict) -> str:
     lines = [head + f"{'mean':>10}  vs {arms[0]['label']}"]
     for a in arms:
         row = s[a["label"]]
-        cells = "".join(f"{m:>10.1f}" if m is not None else f"{'FAIL':>10}" for m in row["medians_us"])
+        cells = "".join(f"{m:>10.1f}" if m is not None else f"{'FAIL' if a['label'] in r else 'not run':>10}"
+                        for m, r in zip(row["medians_us"], doc["rounds"]))
         mean = f"{row['mean_us']:>10.1f}" if row["mean_us"] is not None else f"{'-':>10}"
         vs = "-"
         if row.get("mean_ratio_to_ref") is not None:
@@ -235,10 +248,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if not a.no_prewarm:
         prewarm(b, arms, log)
-    doc = run_ab(b, arms, a.rounds, log=log)
+    def save(d: dict) -> None:
+        if a.out is not None:
+            write_atomic(a.out, json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+    doc = run_ab(b, arms, a.rounds, log=log, on_bench=save)  # the file follows every bench
     print(format_summary(doc))
+    save(doc)
     if a.out is not None:
-        write_atomic(a.out, json.dumps(doc, indent=2, sort_keys=True) + "\n")
         print(f"wrote {a.out}")
     return 0 if all(r["status"] == "ok" for rr in doc["rounds"] for r in rr.values()) else 1
 

@@ -136,3 +136,21 @@ def test_prewarm_builds_each_config_once_with_all_its_variants(monkeypatch):
     assert [default[i + 1] for i, x in enumerate(default) if x == "--variant"] == ["-", "AMK_X=1"]
     assert other[other.index("--config") + 1] == "k.json"
     assert [other[i + 1] for i, x in enumerate(other) if x == "--variant"] == ["-"]
+
+
+def test_every_bench_is_saved_as_it_finishes():
+    """A run cut short (a device call's time limit) keeps the benches it finished: the document
+    after each bench pairs only complete pairs, and says that it is not complete."""
+    arms = [ab.Arm("a", None, ""), ab.Arm("b", None, "AMK_X=1")]
+    medians = iter([100.0, 98.0, 97.0, 101.0])  # round 1: a, b; round 2: b, a
+    saved = []
+    doc = ab.run_ab(ab.BenchArgs(model="m"), arms, rounds=2, log=lambda m: None,
+                    run=lambda b, arm: ab.summarize_row(_row(next(medians))),
+                    on_bench=lambda d: saved.append(json.loads(json.dumps(d))))
+    assert len(saved) == 4 and not any(d["complete"] for d in saved) and doc["complete"]
+    third = saved[2]  # round 2 has b only: its ratio waits for a
+    assert third["summary"]["b"]["medians_us"] == [98.0, 97.0]
+    assert third["summary"]["b"]["ratios_to_ref"] == pytest.approx([0.98])
+    assert third["summary"]["a"]["medians_us"] == [100.0, None] and third["summary"]["a"]["failed_rounds"] == 0
+    assert "not run" in ab.format_summary(third) and "FAIL" not in ab.format_summary(third)
+    assert doc["summary"]["b"]["ratios_to_ref"] == pytest.approx([0.98, 97.0 / 101.0])
