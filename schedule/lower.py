@@ -584,12 +584,13 @@ class _Lowering:
             local = self.xcds > 1 and nkv % self.xcds == 0
             head_xcd = [g * self.xcds // nkv if local else -1 for g in range(nkv)]
             # kv_head_counters: a counter per KV head, so that its combine waits for its own partials
-            # (not when every o-proj task combines all heads: it would wait for every counter)
+            # (neither split when every o-proj task combines all heads: it would wait for every
+            # counter, more than MAX_WAITS on 8 KV heads or 8 XCDs)
             fused = cfg.fuse_attn_combine and cfg.split_k == 1
-            per_head = cfg.kv_head_counters and not fused
-            cuts = [(g, g + 1) for g in range(nkv)] if per_head else tiles(nkv, self.xcds if local else 1)
+            per_head, per_xcd = cfg.kv_head_counters and not fused, local and not fused
+            cuts = [(g, g + 1) for g in range(nkv)] if per_head else tiles(nkv, self.xcds if per_xcd else 1)
             for xi, (g0, g1) in enumerate(cuts):
-                tag = f".g{g0}" if per_head else (f".x{xi}" if local else "")
+                tag = f".g{g0}" if per_head else (f".x{xi}" if per_xcd else "")
                 self.group(f"{t}.attn_partial" + tag, [
                     _Spec(f"{t}.attn_partial[g{g}.s{s}]",
                           AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),

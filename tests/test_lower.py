@@ -759,3 +759,13 @@ def test_auto_kv_splits(shape, capacity, want):
     p = lower(spec, ScheduleConfig(), H100, kv_capacity=capacity)  # all 132 queues
     part = next(t for t in p.tasks if t.params.op == Op.ATTN_PARTIAL)
     assert part.params.splits == want
+
+
+def test_fuse_attn_combine_on_a_multi_xcd_target():
+    """With whole KV heads per XCD the partials get a counter per XCD; a fused o-proj task
+    waits for all heads, so they then keep one counter (8 XCDs would be 8 waits)."""
+    spec = spec_from_hf_config(shape_config("llama-3.2-1b"), name="1b", dtype="bfloat16")
+    p = lower(spec, ScheduleConfig(fuse_attn_combine=True), get_target("mi300x"), kv_capacity=256)
+    assert [c.name for c in p.counters if c.name.startswith("layers.0.attn_partial")] == ["layers.0.attn_partial"]
+    res = validate(p)
+    assert res.accepted, res.summary()
