@@ -630,12 +630,20 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   float* den = ls + sh.pairs();
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
   const AmkBuffer &pb = amk_buf(c, po), &yb = amk_buf(c, y);
+  const int i = threadIdx.x, n = sh.qh * sh.hd;
+  const bool held = AmkCombineHeld::fits(pb, po, sh);  // AMK_COMBINE_EARLY: the splits loaded first
+  AmkCombineHeld splits_of_i;
+  if (held && i < n) splits_of_i.load(pb.ptr, po, sh, i);
   amk_combine_stage_ml(amk_buf(c, ml), ml, sh, wm, ls);
   amk_syncthreads();
   amk_trace_mark(c, 0);  // (m, l) staged
   amk_combine_weights(sh, wm, ls, den);
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
+  if (held) {
+    if (i < n) amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[i / sh.hd]));
+    return;
+  }
   const auto out = amk_combine_outputs(pb.ptr, po, wm, den, sh,
                                        [&](int i, float v) { amk_store(yb, amk_flat(y, i), v); });
   const bool ok = amk_float_dispatch(pb.dtype, out);

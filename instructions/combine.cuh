@@ -108,3 +108,35 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
                                                         const float* den, AmkCombineShape s, Store store) {
   return AmkCombineOutputs<Store>{ptr, po, wm, den, s, store};
 }
+
+// AMK_COMBINE_EARLY (an experiment, off until measured; eval/PERF_NOTES.md item 126): where
+// ATTN_COMBINE has one output a thread, at most AMK_SPLIT_SUM_UNROLL splits and F32 partials in
+// runs, each thread loads its output's split values at the op's start, beside the (m, l) pairs,
+// so that their L2 round trip (the partials were just written by other SMs) overlaps the
+// staging's and the weights' instead of following them. The sum is the same, in split order.
+#ifndef AMK_COMBINE_EARLY
+#define AMK_COMBINE_EARLY 0
+#endif
+struct AmkCombineHeld {
+  float v[AMK_SPLIT_SUM_UNROLL];
+  // can this task hold its outputs' splits in registers? (one group, one output a thread)
+  AMK_DEVICE static bool fits(const AmkBuffer& pb, const AmkOperand& po, AmkCombineShape s) {
+    const amk_i64 n = (amk_i64)s.qh * s.hd;
+    return AMK_COMBINE_EARLY && s.groups == 1 && n <= (amk_i64)blockDim.x && s.splits <= AMK_SPLIT_SUM_UNROLL &&
+           pb.dtype == AMK_DTYPE_F32 && (po.count <= 1 || po.len == n);
+  }
+  AMK_DEVICE void load(amk_u64 ptr, const AmkOperand& po, AmkCombineShape s, int i) {
+    const amk_i64 n = (amk_i64)s.qh * s.hd, step = po.count <= 1 ? n : po.stride;
+#pragma unroll
+    for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
+      if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];
+  }
+  AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int i) const {
+    const int h = i / s.hd;
+    float a = 0.0f;
+#pragma unroll
+    for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
+      if (k < s.splits) a = k == 0 ? amk_mul(wm[h], v[0]) : amk_add(a, amk_mul(wm[k * s.qh + h], v[k]));
+    return a;
+  }
+};

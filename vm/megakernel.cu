@@ -63,6 +63,16 @@
 #define AMK_PREFETCH_NEXT_RECORD 1
 #endif
 
+// The turnover between a release and the next task's op (an experiment, off until measured;
+// eval/PERF_NOTES.md item 127): the task's buffer descriptors are copied by warp 1 while
+// thread 0 already polls its waits, so the descriptors' round trip overlaps the first acquire
+// load instead of preceding it (and one barrier goes). A
+// late starter (the block that was its stage's last producer, item 103) meets its wait at the
+// first poll, so both round trips were on the critical path one after the other.
+#ifndef AMK_TURNOVER_OVERLAP
+#define AMK_TURNOVER_OVERLAP 0
+#endif
+
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
@@ -169,18 +179,24 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
       for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(rec + off);
       amk_prefetch_l2(rec + sizeof(AmkTask) - 1);
     }
+    if (AMK_TURNOVER_OVERLAP && threadIdx.x == 0) s_waiting = 1;  // (nobody reads it before the barrier)
     amk_syncthreads();
-    // The task's buffer descriptors move to shared memory before the wait (operand slot s
-    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    // The task's buffer descriptors move to shared memory before the op (operand slot s reads
+    // descriptor s), so the op's address arithmetic never waits on the buffer table: before
+    // the wait, or with AMK_TURNOVER_OVERLAP by warp 1 during it (slot s by thread 32 + s;
+    // the barrier after the wait publishes them).
     const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
-    if ((int)threadIdx.x < n_ops) {
-      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
-      s_bufs.b[threadIdx.x] = bufs[o.buf];
-      o.buf = threadIdx.x;
+    const int slot = AMK_TURNOVER_OVERLAP ? ((int)threadIdx.x - AMK_WARP_SIZE % (int)blockDim.x) : (int)threadIdx.x;
+    if (slot >= 0 && slot < n_ops) {
+      AmkOperand& o = slot < n_in ? s_task.in[slot] : s_task.out[slot - n_in];
+      s_bufs.b[slot] = bufs[o.buf];
+      o.buf = slot;
     }
-    if (threadIdx.x == 0) s_waiting = 1;
     const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
-    amk_syncthreads();
+    if (!AMK_TURNOVER_OVERLAP) {
+      if (threadIdx.x == 0) s_waiting = 1;
+      amk_syncthreads();
+    }
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
