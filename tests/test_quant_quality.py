@@ -22,3 +22,25 @@ def test_markdown_shows_the_margin_at_each_first_difference_and_the_nearest_ties
     md = markdown(doc)
     assert "| int8 channel | 1.0 | 2 / 3 |" in md and md.count("| 0.044 |") == 1
     assert "steps 0 (0.800), 1 (1.300), 2 (0.044), 3 (2.500)" in md
+
+
+def test_int8_asym_probe_formats():
+    """The probe's asymmetric int8 reproduces a Q4_1-style block (16 levels from its minimum)
+    up to rounding, where symmetric int8 cannot; both stay within half a step of any weight."""
+    from amk.eval.int8_asym_probe import asym_int8, sym_int8
+
+    g = torch.Generator().manual_seed(0)
+    rows, k, group = 8, 128, 32
+    d = torch.rand(rows, k // group, 1, generator=g) * 0.02 + 0.001  # Q4_1: w = min + d * q, q in 0..15
+    lo = torch.randn(rows, k // group, 1, generator=g) * 0.1
+    q = torch.randint(0, 16, (rows, k // group, group), generator=g)
+    q[..., 0], q[..., 1] = 0, 15  # every block spans its whole range, as Q4_1's do
+    w = (lo + d * q).reshape(rows, k)
+    assert (asym_int8(w, group, torch.float32) - w).abs().max() < 1e-6
+    assert (sym_int8(w, group) - w).abs().max() > 1e-4
+    x = torch.randn(rows, k, generator=g)
+    step = (x.reshape(rows, -1, group).amax(-1) - x.reshape(rows, -1, group).amin(-1)) / 255
+    err = (asym_int8(x, group, torch.float32) - x).abs().reshape(rows, -1, group).amax(-1)
+    assert (err <= step / 2 + 1e-6).all()
+    half_sym = x.reshape(rows, -1, group).abs().amax(-1) / 127 / 2
+    assert ((sym_int8(x, group) - x).abs().reshape(rows, -1, group).amax(-1) <= half_sym + 1e-6).all()
