@@ -154,3 +154,41 @@ def test_every_bench_is_saved_as_it_finishes():
     assert third["summary"]["a"]["medians_us"] == [100.0, None] and third["summary"]["a"]["failed_rounds"] == 0
     assert "not run" in ab.format_summary(third) and "FAIL" not in ab.format_summary(third)
     assert doc["summary"]["b"]["ratios_to_ref"] == pytest.approx([0.98, 97.0 / 101.0])
+
+
+def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
+    """eval/ab_call.sh on a machine without a GPU: the first group's benches fail (no latency),
+    its JSON is written with a repository-relative config made absolute, its table is printed
+    from the JSON, the exit status says a group failed, and a group that the budget no longer
+    covers is skipped, not run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the benches would run for real")
+    repo = Path(__file__).resolve().parents[1]
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    # the script calls python3: this interpreter (a wrapper, not a link: a venv is found from the path run)
+    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    # group 1 starts with >= 994 s of the 1000 left; its four failing benches take longer than
+    # 6 s (a process each), so group 2 finds less than 994 s left
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
+           "AMK_AB_BUDGET_S": "1000", "AMK_AB_MIN_LEFT_S": "994", "AMK_GIT_COMMIT": "test"}
+    run = subprocess.run(["bash", str(repo / "eval/ab_call.sh"),
+                          "smollm2-135m --arm base= --arm k12=eval/configs/kv_splits_12.json --rounds 2 --no-prewarm",
+                          "llama-3.2-1b --arm base="],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    doc = json.loads((tmp_path / "out" / "ab_1_smollm2-135m.json").read_text())
+    assert [a["config"] for a in doc["arms"]] == [None, str(repo / "eval/configs/kv_splits_12.json")]
+    assert doc["bench"]["bandwidth"] == 3000.0 and doc["complete"]
+    assert all(r["status"] != "ok" for rr in doc["rounds"] for r in rr.values())  # no GPU: no latency
+    assert "skipped group 2 (llama-3.2-1b)" in run.stdout
+    assert not (tmp_path / "out" / "ab_2_llama-3.2-1b.json").exists()
+    table = run.stdout[run.stdout.index("== ab_1_smollm2-135m"):]
+    assert "FAIL" in table and "kv_splits_12.json" in table
