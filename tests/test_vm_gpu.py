@@ -194,6 +194,38 @@ def test_device_memory_accounts_for_every_buffer():
     assert abs(m["overhead_pct"] - 100 * m["other"] / (m["weights"] + m["kv"])) < 1e-9
 
 
+# VM experiment defines that change how the scheduler loop or an op computes, never what: a build
+# with each must give the same bits as the build without it (eval/PERF_NOTES.md items 126-128)
+SAME_BITS_EXPERIMENTS = ["AMK_TURNOVER_OVERLAP=1", "AMK_RECORD_IN_WAIT=1", "AMK_COMBINE_EARLY=1",
+                         "AMK_RECORD_IN_WAIT=1,AMK_COMBINE_EARLY=1"]
+
+
+@pytest.mark.parametrize("defines", SAME_BITS_EXPERIMENTS)
+@pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
+def test_experiment_defines_give_the_same_bits(monkeypatch, model, defines):
+    """A bf16 model (its specialized build, as benches run it) over 40 steps, each a launch,
+    with 4 attention splits of 8-position blocks (3 of them hold rows by the end, so the
+    combine sums real splits): logits bit-identical with and without the experiment, and
+    within tolerance of the ReferenceVM in fp32 (so both builds are right, not only alike)."""
+    cfg = dict(kv_splits=4, kv_block=8)
+    prog, t = lowered(model, dtype="bfloat16", **cfg)
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    base = cuda_vm(prog, t, specialize=True)
+    monkeypatch.setenv("AMK_VM_DEFINES", defines)
+    exp = cuda_vm(prog, t, specialize=True)
+    from amk.vm.loader import build_defines, parse_defines
+
+    built = build_defines(prog, exp.packed)
+    assert all(built.get(k) == v for k, v in parse_defines(defines).items())  # the experiment is in its build
+    for step, tok in enumerate(PROMPT * 5):
+        a, b = base.run_step(tok, step)["logits"], exp.run_step(tok, step)["logits"]
+        assert torch.equal(a, b), f"{model} {defines}: step {step} differs"
+    fp_prog, fp_t = lowered(model, **cfg)
+    monkeypatch.setenv("AMK_VM_DEFINES", defines)
+    close(cuda_vm(fp_prog, fp_t, specialize=True).logits_for(PROMPT), ReferenceVM(fp_prog, fp_t).logits_for(PROMPT),
+          f"{model} fp32 {defines}")
+
+
 # ----------------------------------------------------------------------------- step protocol
 def test_many_steps_epochs_and_reset():
     """Counters are never reset between steps (epoch thresholds): 200 launches stay right."""
