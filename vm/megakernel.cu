@@ -66,9 +66,9 @@
 // The turnover between a release and the next task's op (an experiment, off until measured;
 // eval/PERF_NOTES.md item 127): the task's buffer descriptors are copied by warp 1 while
 // thread 0 already polls its waits, so the descriptors' round trip overlaps the first acquire
-// load instead of preceding it (and one barrier goes). A
-// late starter (the block that was its stage's last producer, item 103) meets its wait at the
-// first poll, so both round trips were on the critical path one after the other.
+// load instead of preceding it (and one barrier goes). A late starter (the block that was its
+// stage's last producer, item 103) meets its wait at the first poll, so both round trips were
+// on the critical path one after the other.
 #ifndef AMK_TURNOVER_OVERLAP
 #define AMK_TURNOVER_OVERLAP 0
 #endif
@@ -206,10 +206,14 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.marks = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
+#if AMK_TURNOVER_OVERLAP || AMK_RECORD_IN_WAIT
+  // (the experiments' turnover; the #else branch is the measured loop, kept as it was so that
+  // its build, the int4 one above all, compiles to the same code while they are off)
   const int warp1 = AMK_WARP_SIZE % (int)blockDim.x;  // warp 1's first thread, not the waiter (thread 0 in one warp)
-  const bool overlap = AMK_TURNOVER_OVERLAP || AMK_RECORD_IN_WAIT;  // descriptors copied during the wait
   if (AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // then re-armed before each release's barrier
+#endif
   for (int qi = q0; qi < q1; ++qi) {
+#if AMK_TURNOVER_OVERLAP || AMK_RECORD_IN_WAIT
 #if AMK_RECORD_IN_WAIT
     AmkTask& rec = (qi - q0) & 1 ? s_task_alt : s_task;
     AmkTask& rec_next = (qi - q0) & 1 ? s_task : s_task_alt;
@@ -224,17 +228,32 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     const int hinted = hint ? queue_tasks[qi + ahead] : 0;  // loaded beside this record's index
     if (copy_now) amk_copy_record(rec, tasks + queue_tasks[qi], threadIdx.x, blockDim.x);
     if (hint) amk_hint_record(tasks + hinted);
-    if (AMK_TURNOVER_OVERLAP && !AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // (read after the barrier)
+    if (!AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // (read after the barrier)
     if (copy_now) amk_syncthreads();
-    // The descriptors: by threads 0.. before the wait, or (overlap) by warp 1 during it, slot s
-    // by thread 32 + s, so that their round trip overlaps the first poll's; the barrier after
-    // the wait publishes them.
-    amk_copy_descriptor(rec, s_bufs, bufs, overlap ? (int)threadIdx.x - warp1 : (int)threadIdx.x);
+    // the descriptors by warp 1 during the wait, slot s by thread 32 + s, so that their round
+    // trip overlaps the first poll's; the barrier after the wait publishes them
+    amk_copy_descriptor(rec, s_bufs, bufs, (int)threadIdx.x - warp1);
     const int out_counter = rec.out_counter, out_scope = rec.out_scope;
-    if (!overlap) {
-      if (threadIdx.x == 0) s_waiting = 1;
-      amk_syncthreads();
+#else
+    const int* src = (const int*)(tasks + queue_tasks[qi]);
+    // (warp 1's first thread, not the waiter; thread 0 in a block of one warp)
+    const bool hint_next = AMK_PREFETCH_NEXT_RECORD && threadIdx.x == AMK_WARP_SIZE % blockDim.x && qi + 1 < q1;
+    const int next = hint_next ? queue_tasks[qi + 1] : 0;  // loaded beside this record's index
+    for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
+    if (hint_next) amk_hint_record(tasks + next);
+    amk_syncthreads();
+    // The task's buffer descriptors move to shared memory before the wait (operand slot s
+    // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
+    const int n_in = min(s_task.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(s_task.n_out, (int)AMK_MAX_OUTPUTS);
+    if ((int)threadIdx.x < n_ops) {
+      AmkOperand& o = (int)threadIdx.x < n_in ? s_task.in[threadIdx.x] : s_task.out[threadIdx.x - n_in];
+      s_bufs.b[threadIdx.x] = bufs[o.buf];
+      o.buf = threadIdx.x;
     }
+    if (threadIdx.x == 0) s_waiting = 1;
+    const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
+    amk_syncthreads();
+#endif
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
