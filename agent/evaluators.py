@@ -363,8 +363,8 @@ class ModelContext:
 
     def canonical_quant_logits(self, cfg: ScheduleConfig):
         """ReferenceVM logits of the default-schedule program with `cfg`'s quantization knobs."""
-        canon = ScheduleConfig(quant=cfg.quant, quant_group=cfg.quant_group, quant_lm_head=cfg.quant_lm_head,
-                               dtype=cfg.dtype, max_queues=cfg.max_queues)
+        canon = ScheduleConfig(quant=cfg.quant, quant_group=cfg.quant_group, quant_asym=cfg.quant_asym,
+                               quant_lm_head=cfg.quant_lm_head, dtype=cfg.dtype, max_queues=cfg.max_queues)
         key = config_hash(canon)
         if key not in self._canonical:
             from amk.vm.reference import ReferenceVM

@@ -35,7 +35,7 @@ from amk.schedule.config import ScheduleConfig
 from amk.schedule.ir import MAX_KV_SPLITS, GpuTarget
 
 BOOL = (False, True)
-QUANT_FIELDS = ("quant", "quant_group", "quant_lm_head", "quant_unpack")
+QUANT_FIELDS = ("quant", "quant_group", "quant_asym", "quant_lm_head", "quant_unpack")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class SearchSpace:
             Dim("fuse_silu_mul", BOOL, ordered=False),
             Dim("quant", ("none", "int8", "int4"), ordered=False),
             Dim("quant_group", (32, 64, 128, "channel")),
+            Dim("quant_asym", BOOL, ordered=False),
             Dim("quant_lm_head", BOOL, ordered=False),
             Dim("quant_unpack", (0, 1, 2)),
             Dim("dtype", (None, "float32", "bfloat16", "float16"), ordered=False),
@@ -152,6 +153,8 @@ class SearchSpace:
             d.update(quant_lm_head=False, quant_unpack=0, quant_group=128)
         if d.get("quant_group") == "channel" and (d.get("quant") != "int8" or d.get("split_k", 1) > 1):
             d["quant_group"] = 128
+        if d.get("quant") != "int8":
+            d["quant_asym"] = False
         if d.get("sm_assignment") == "explicit" and not d.get("explicit_queues"):
             d["sm_assignment"] = "lpt"
         if d.get("sm_assignment") != "explicit":

@@ -58,6 +58,7 @@ BASE_CONFIGS: tuple[dict, ...] = (
     dict(max_queues=8, kv_splits=3, kv_block=8, fuse_silu_mul=False, gemv_tasks_per_matrix=2, argmax_splits=3),
     dict(max_queues=5, quant="int8", quant_group=32, split_k=2, fuse_norm=False, quant_lm_head=True),
     dict(max_queues=3, fuse_rope_append=False, fuse_residual=False, sm_assignment="round_robin", blocks_per_sm=2),
+    dict(max_queues=4, quant="int8", quant_group=32, quant_asym=True, split_k=2, fuse_silu_mul=False),
 )
 
 
@@ -152,6 +153,8 @@ def random_config(rng: random.Random) -> dict:
     cfg["rope_multi_run"] = rng.random() < 0.5  # drawn last, so the draws before it are as they were
     cfg["kv_head_counters"] = rng.random() < 0.5  # likewise
     cfg["fuse_attn_combine"] = rng.random() < 0.5  # likewise
+    if quant == "int8":
+        cfg["quant_asym"] = rng.random() < 0.5  # likewise (I8 weights with a zero companion)
     return cfg
 
 

@@ -211,7 +211,7 @@ class _Static:
             raise _Stop("malformed", f"KV cache {b.id} ({b.name}) has shape {b.shape}; it must be [rows, width]")
         if b.dtype in QUANT and b.kind == K.WEIGHT:
             nb = len(self.prog.buffers)
-            comps = [("scale", b.scale)] + ([("zero", b.zero)] if b.dtype == D.U4 else [])
+            comps = [("scale", b.scale)] + ([("zero", b.zero)] if b.dtype == D.U4 or b.zero is not None else [])
             for what, cid in comps:
                 if cid is None or not (0 <= cid < nb):
                     raise _Stop("malformed", f"quantized weight {b.id} ({b.name}) names {what} buffer {cid}, which "
@@ -233,11 +233,11 @@ class _Static:
                                 f"{len(t.waits)} waits; its VM record holds {ir.MAX_INPUTS}/{ir.MAX_OUTPUTS}/{ir.MAX_WAITS}"))
         p = t.params
         wbuf = prog.buffers[t.inputs[0].buf] if p.op == Op.GEMV and t.inputs else None
-        key = (type(p), tuple(p.__dict__.values()), None if wbuf is None else (wbuf.dtype, wbuf.group, wbuf.id))
+        key = (type(p), tuple(p.__dict__.values()), None if wbuf is None else (wbuf.dtype, wbuf.group, wbuf.id, wbuf.zero))
         hit = self._roles.get(key)
         if hit is None:
             try:
-                rin = input_roles(p, wbuf.dtype if wbuf is not None else D.F32)
+                rin = input_roles(p, wbuf.dtype, wbuf.zero is not None) if wbuf is not None else input_roles(p)
                 rout = output_roles(p)
             except Exception as exc:  # noqa: BLE001
                 raise _Stop("malformed", f"task {t.id}: its params name no operand roles ({exc})") from None
@@ -395,8 +395,8 @@ class _Exec:
         memo: dict[tuple, tuple] = {}  # distinct operand -> (region id or -1, bounds problem)
         for t in prog.tasks:
             try:
-                wdt = prog.buffers[t.inputs[0].buf].dtype if t.params.op == Op.GEMV else D.F32
-                roles = input_roles(t.params, wdt)
+                wb = prog.buffers[t.inputs[0].buf] if t.params.op == Op.GEMV else None
+                roles = input_roles(t.params, wb.dtype, wb.zero is not None) if wb is not None else input_roles(t.params)
             except Exception:  # noqa: BLE001 - malformed tasks were judged statically
                 roles = []
             for ops, write in ((t.inputs, False), (t.outputs, True)):

@@ -113,17 +113,25 @@ AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role
   return w;
 }
 
-// Quantized weights come with their companions: I8 a scale, U4 a scale and a zero.
+// Quantized weights come with their companions: I8 a scale (and, in builds with
+// AMK_GEMV_I8_ZERO, possibly a zero), U4 a scale and a zero.
 AMK_DEVICE bool amk_gemv_w_ok(const AmkGemvW& w) {
   const int dt = w.wb->dtype;
-  return (dt == AMK_DTYPE_I8 || dt == AMK_DTYPE_U4) == (w.sb != nullptr) && (dt == AMK_DTYPE_U4) == (w.zb != nullptr);
+  return (dt == AMK_DTYPE_I8 || dt == AMK_DTYPE_U4) == (w.sb != nullptr) &&
+         ((dt == AMK_DTYPE_U4) == (w.zb != nullptr) || (AMK_GEMV_I8_ZERO && dt == AMK_DTYPE_I8));
 }
 
-// Dequantize a code with the scale (and zero) of its group: I8 w = q*s; U4 w = q*s + z.
+// Does w's zero term come after the rows (an I8 weight with a zero: amk_gemv_zero_term)?
+AMK_DEVICE bool amk_gemv_zero_after(const AmkGemvW& w) {
+  return AMK_GEMV_I8_ZERO && w.zb != nullptr && w.wb->dtype == AMK_DTYPE_I8;
+}
+
+// Dequantize a code with the scale (and zero) of its group: I8 w = q*s; U4 w = q*s + z. (An I8
+// zero is not added here: the zero term of the whole slice follows the rows.)
 AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
   if (w.sb == nullptr) return q;
   const float v = amk_mul(q, s);
-  return w.zb ? amk_add(v, z) : v;
+  return w.zb && !amk_gemv_zero_after(w) ? amk_add(v, z) : v;
 }
 
 AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
@@ -131,6 +139,28 @@ AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
 }
 AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
   return w.zb ? amk_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
+}
+
+// The zero term of I8 weights with a zero (w and, for a pair, w2): acc[r * m + j] += sum over
+// the slice's groups g of zero[r, g] * (the sum of x over g), each group's x sum from the x
+// sums of its 32-column chunks (the lowering gives such weights groups of whole chunks). A
+// warp a row, its lanes over the groups, added in a fixed order. Every row's sums are done
+// (the caller's barrier), and the caller's next barrier publishes these.
+AMK_DEVICE void amk_gemv_zero_term(const AmkGemvW& w, const AmkGemvW& w2, int m, const float* xsums, float* acc,
+                                   int rows, int K) {
+  const int groups = K / w.group, chunks = w.group / AMK_XSUM_CHUNK;
+  for (int r = amk_warp(); r < rows; r += amk_nwarps())
+    for (int j = 0; j < m; ++j) {
+      const AmkGemvW& wj = j == 0 ? w : w2;
+      float s = 0.0f;
+      for (int g = amk_lane(); g < groups; g += AMK_WARP_SIZE) {
+        float xg = 0.0f;
+        for (int ch = 0; ch < chunks; ++ch) xg += xsums[g * chunks + ch];
+        s += amk_w_zero(wj, r, g * w.group) * xg;
+      }
+      s = amk_warp_sum(s);
+      if (amk_lane() == 0) acc[r * m + j] += s;
+    }
 }
 
 // Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
@@ -478,7 +508,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
-  if (w.wb->dtype == AMK_DTYPE_U4) {  // sums of xs over each vector's 32 columns, a warp per vector
+  if (w.wb->dtype == AMK_DTYPE_U4 || amk_gemv_zero_after(w)) {  // sums of xs over each 32 columns, a warp each
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
       const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[xp.at(v * AMK_XSUM_CHUNK + amk_lane())] : 0.0f);
       if (amk_lane() == 0) xsums[v] = sum;
@@ -499,6 +529,14 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   amk_syncthreads();
+  if (amk_gemv_zero_after(w)) {
+    if (w.group % AMK_XSUM_CHUNK != 0 || K % w.group != 0) {  // (the lowering never makes such a task)
+      if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.group, K);
+      return;
+    }
+    amk_gemv_zero_term(w, w2, m, xsums, acc, rows, K);
+    amk_syncthreads();
+  }
   amk_trace_mark(c, 1);  // rows done
 
   if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue

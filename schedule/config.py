@@ -207,7 +207,7 @@ class ScheduleConfig(BaseModel):
     quant: QuantMode = Field(
         "none",
         description="Weight-only quantization of the linear layers: int8 (symmetric, I8 codes x "
-        "scale) or int4 (asymmetric, U4 codes x scale + group minimum), round-to-nearest from the "
+        "scale, or with quant_asym codes x scale + zero) or int4 (asymmetric, U4 codes x scale + group minimum), round-to-nearest from the "
         "float weights; or 'gguf' (GGUF sources only): every matrix the file holds as Q8_0 / Q4_0 / "
         "Q4_1 runs in its own blocks, undequantized (I8 / U4, group 32, the file's f16 scales), and "
         "every other matrix stays float (load_model(..., native_quant=True) supplies the blocks).",
@@ -217,6 +217,16 @@ class ScheduleConfig(BaseModel):
         description="Quantization group along K (32/64/128; halved per matrix until it divides "
         "K); 'channel' = one group per output row (int8 only). quant='gguf' takes the file's "
         "blocks of 32 (set automatically; any other value is refused).",
+    )
+    quant_asym: bool = Field(
+        False,
+        description="int8 only: asymmetric groups, each group's codes -128..127 spanning its [min, "
+        "max] with a scale and a zero (w = code x scale + zero, as int4 always has) instead of "
+        "+-absmax: a one-sided group gets half the step, and a group already on a 4-bit grid (a "
+        "Q4_1 checkpoint, such as the embedded SmolLM2: 64/64 greedy tokens at group 32, "
+        "eval/PERF_NOTES.md item 129) is represented exactly. Costs a zero a group and a "
+        "zero-term pass after each GEMV's rows. Needs groups of whole 32-column chunks "
+        "(quant_group 32/64/128, or 'channel' on matrices whose K is a multiple of 32).",
     )
     quant_lm_head: bool = Field(
         False,
@@ -299,6 +309,8 @@ class ScheduleConfig(BaseModel):
                 raise ValueError("quant_group='channel' is for int8 only")
             if self.split_k > 1:
                 raise ValueError("quant_group='channel' cannot be split along K (split_k must be 1)")
+        if self.quant_asym and self.quant != "int8":
+            raise ValueError("quant_asym is for int8 (int4 always has a zero; gguf takes the file's blocks)")
         if self.quant == "none" and (self.quant_lm_head or self.quant_unpack):
             raise ValueError("quant_lm_head / quant_unpack need quant != 'none'")
         return self

@@ -197,6 +197,7 @@ def _whole(buf: Buffer) -> Operand:
 # logits an ARGMAX slice scans ('auto' argmax_splits): one round of 16-byte loads for each
 # thread of a 256-thread block at 16-bit logits (eval/PERF_NOTES.md item 45)
 ARGMAX_SLICE = 8192
+ZERO_CHUNK = 32  # columns of an x sum in the GEMV's zero term (vm/loader.py XSUM_CHUNK, gemv.cuh AMK_XSUM_CHUNK)
 
 
 class _Lowering:
@@ -295,9 +296,13 @@ class _Lowering:
         if self.cfg.quant == "gguf":
             return self.native_linear(name, rows, k)
         g = group_for(k, self.cfg.quant_group)
+        asym = self.cfg.quant_asym and self.quant_dtype == DType.I8
+        if asym and g % ZERO_CHUNK:  # the device's zero term sums x over whole 32-column chunks
+            raise ValueError(f"{name}: quant_asym needs groups of whole {ZERO_CHUNK}-column chunks; K={k} gives "
+                             f"group {g}")
         scale = self.buf(name + ".scale", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g])
         zero = None
-        if self.quant_dtype == DType.U4:
+        if self.quant_dtype == DType.U4 or asym:
             zero = self.buf(name + ".zero", BufferKind.WEIGHT, self.scale_dtype, [rows, k // g]).id
         return self.buf(name, BufferKind.WEIGHT, self.quant_dtype, [rows, k], scale=scale.id, zero=zero, group=g)
 

@@ -2,8 +2,8 @@
 
 One table shared by the lowering (which builds operands), the validator (arity and shape
 rules), the ReferenceVM and the GPU loader (which read them). Roles depend only on a
-task's params and on the dtype of its weight buffer (quantized weights bring scale and
-zero companions).
+task's params and on its weight buffer's dtype and whether it names a zero (quantized
+weights bring a scale, and U4 or asymmetric I8 a zero, companion).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ ROPE_EPILOGUES = (Epilogue.ROPE, Epilogue.ROPE_APPEND)
 APPEND_EPILOGUES = (Epilogue.ROPE_APPEND, Epilogue.APPEND)
 
 
-def quant_roles(prefix: str, dtype: DType) -> list[str]:
-    if dtype == DType.I8:
-        return [f"{prefix}_scale"]
-    if dtype == DType.U4:
-        return [f"{prefix}_scale", f"{prefix}_zero"]
-    return []
+def quant_roles(prefix: str, dtype: DType, zero: bool | None = None) -> list[str]:
+    """A quantized weight's companions: its scale, and its zero for U4 (always) or an
+    asymmetric I8 (`zero`: whether the weight buffer names one; None: as its dtype implies)."""
+    if dtype not in (DType.I8, DType.U4):
+        return []
+    has_zero = dtype == DType.U4 if zero is None else zero
+    return [f"{prefix}_scale"] + ([f"{prefix}_zero"] if has_zero else [])
 
 
 def epilogue_roles(epilogue: Epilogue, has_bias: bool, head_norm: bool) -> list[str]:
@@ -35,17 +36,18 @@ def epilogue_roles(epilogue: Epilogue, has_bias: bool, head_norm: bool) -> list[
     return roles
 
 
-def input_roles(params, weight_dtype: DType = DType.F32) -> list[str]:
-    """Names of a task's input operands, in order. `weight_dtype` matters for GEMV only."""
+def input_roles(params, weight_dtype: DType = DType.F32, weight_zero: bool | None = None) -> list[str]:
+    """Names of a task's input operands, in order. `weight_dtype` and `weight_zero` (whether
+    the weight buffer has a zero companion; None: as its dtype implies) matter for GEMV only."""
     op = params.op
     if op == Op.GEMV:
         roles = ["w", "o", "ml"] if params.combine_splits > 0 else ["w", "x"]
         if params.norm_eps is not None:
             roles.append("gamma")
-        roles += quant_roles("w", weight_dtype)
+        roles += quant_roles("w", weight_dtype, weight_zero)
         if params.epilogue == Epilogue.SILU_MUL:
             roles.append("w2")
-            roles += quant_roles("w2", weight_dtype)
+            roles += quant_roles("w2", weight_dtype, weight_zero)
         if params.split_k == 1:
             roles += epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None)
         return roles

@@ -1,6 +1,8 @@
 """Weight-only quantization to the IR's I8 / U4 layouts (see `ir.py`, "Numerics").
 
-I8: w = code * scale[r, c // group], codes int8 in -127..127 (symmetric, absmax).
+I8: w = code * scale[r, c // group], codes int8 in -127..127 (symmetric, absmax); or, with a
+    zero companion (asymmetric, `quantize_int8_asym`), w = code * scale + zero[r, c // group],
+    codes -128..127 spanning the group's [min, max] (zero = the value of code 0).
 U4: w = code * scale[r, c // group] + zero[r, c // group], zero = the group minimum,
 codes 0..15 packed two per byte, element e in byte e // 2, low nibble first.
 
@@ -27,7 +29,7 @@ class QuantizedWeight:
     """A [rows, cols] weight in the IR's I8 / U4 layout.
 
     codes: int8 [rows, cols] (I8) or uint8 [rows, cols/2] packed two per byte, low nibble
-    first (U4); scale / zero: [rows, cols/group] float (zero only for U4).
+    first (U4); scale / zero: [rows, cols/group] float (zero: always for U4, optional for I8).
     `source` names where the layout came from (a GGML type such as "Q4_1", or "rtn")."""
 
     codes: torch.Tensor
@@ -46,7 +48,8 @@ class QuantizedWeight:
         """Raise ValueError unless the parts agree with each other (shapes, dtypes)."""
         rows, cols = self.shape
         if self.dtype == DType.I8:
-            ok = self.codes.dtype == torch.int8 and tuple(self.codes.shape) == (rows, cols) and self.zero is None
+            ok = (self.codes.dtype == torch.int8 and tuple(self.codes.shape) == (rows, cols)
+                  and (self.zero is None or (self.zero.shape == self.scale.shape and self.zero.dtype == self.scale.dtype)))
         elif self.dtype == DType.U4:
             ok = (self.codes.dtype == torch.uint8 and tuple(self.codes.shape) == (rows, cols // 2)
                   and self.zero is not None and self.zero.shape == self.scale.shape
@@ -101,6 +104,21 @@ def quantize_int8(w: torch.Tensor, group: int, scale_dtype: torch.dtype):
     return codes.reshape(w.shape), scale
 
 
+def quantize_int8_asym(w: torch.Tensor, group: int, scale_dtype: torch.dtype):
+    """-> (codes int8 [N, K], scale, zero [N, K/group] in scale_dtype): each group's 256 codes
+    span its [min, max] (scale = (max - min) / 255, zero = min + 128 * scale, the value of
+    code 0). A group on a grid of 15 steps from its minimum (a Q4_1 block, as in the embedded
+    SmolLM2 checkpoint) lands on codes 17 apart: exactly, up to the rounding of the stored
+    scale and zero (eval/PERF_NOTES.md item 129)."""
+    wg = _grouped(w, group)
+    lo = wg.amin(-1)
+    s = ((wg.amax(-1) - lo) / 255.0).to(scale_dtype).float()
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    zero = (lo + 128.0 * s).to(scale_dtype)
+    codes = torch.clamp(torch.round((wg - zero.float()[..., None]) / s[..., None]), -128, 127).to(torch.int8)
+    return codes.reshape(w.shape), s.to(scale_dtype), zero
+
+
 def quantize_int4(w: torch.Tensor, group: int, scale_dtype: torch.dtype):
     """-> (packed uint8 [N, K/2], scale [N, K/group], zero [N, K/group]) in scale_dtype."""
     n, k = w.shape
@@ -124,8 +142,8 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 weights from I8 codes [N, K] or packed U4 [N, K/2] (+ zero)."""
-    c = unpack_int4(codes) if zero is not None else codes
+    """fp32 weights from I8 codes [N, K] (int8) or packed U4 [N, K/2] (uint8), + zero where given."""
+    c = unpack_int4(codes) if codes.dtype == torch.uint8 else codes
     n, k = c.shape
     group = k // scale.shape[1]
     w = c.float().reshape(n, k // group, group) * scale.float()[..., None]

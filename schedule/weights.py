@@ -16,7 +16,7 @@ import torch
 from amk.schedule import rope_rows
 from amk.schedule.ir import BufferKind, DType, Program
 from amk.schedule.modelspec import ModelSpec
-from amk.schedule.quantize import QuantizedWeight, quantize_int4, quantize_int8
+from amk.schedule.quantize import QuantizedWeight, quantize_int4, quantize_int8, quantize_int8_asym
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
 COMPANION_DTYPES = {str(t): d for d, t in TORCH_DTYPES.items()}  # "torch.float16" -> DType.F16
@@ -134,7 +134,9 @@ def bind_weights(program: Program, spec: ModelSpec, weights: dict[str, torch.Ten
             out[b.name] = w.to(TORCH_DTYPES[b.dtype]).contiguous()
             continue
         sdt = TORCH_DTYPES[bufs[b.scale].dtype]
-        if b.dtype == DType.I8:
+        if b.dtype == DType.I8 and b.zero is not None:
+            out[b.name], out[bufs[b.scale].name], out[bufs[b.zero].name] = quantize_int8_asym(w, b.group, sdt)
+        elif b.dtype == DType.I8:
             out[b.name], out[bufs[b.scale].name] = quantize_int8(w, b.group, sdt)
         elif b.dtype == DType.U4:
             out[b.name], out[bufs[b.scale].name], out[bufs[b.zero].name] = quantize_int4(w, b.group, sdt)

@@ -30,7 +30,7 @@ from amk.schedule.lower import bind_weights, lower, program_stats, rope_inv_freq
 from amk.schedule.importer import spec_from_hf_config
 from amk.schedule.modelspec import ModelSpec
 from amk.schedule.opspec import input_roles, output_roles
-from amk.schedule.quantize import dequantize, group_for, quantize_int4, quantize_int8
+from amk.schedule.quantize import dequantize, group_for, quantize_int4, quantize_int8, quantize_int8_asym
 from amk.schedule.targets import coresident_blocks, get_target
 from amk.schedule.rope_rows import head_order, in_hf_order
 
@@ -367,6 +367,7 @@ FIELD_CHANGES = {
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
+    "quant_asym": (dict(quant="int8", quant_group=32), dict(quant="int8", quant_group=32, quant_asym=True)),
     "quant_lm_head": (dict(quant="int8"), dict(quant="int8", quant_lm_head=True)),
     "quant_unpack": (dict(quant="int4"), dict(quant="int4", quant_unpack=1)),
     "dtype": ({}, dict(dtype="bfloat16")),
@@ -423,6 +424,7 @@ def test_bind_weights_layouts():
     spec = ZOO["odd"]  # K=576: int4 group 128 falls back to 64
     w = random_weights(spec)
     for kw in (dict(quant="int8", quant_group="channel", quant_lm_head=True),
+               dict(quant="int8", quant_group=32, quant_asym=True, quant_lm_head=True),
                dict(quant="int4", quant_group=128, quant_lm_head=True), dict(dtype="bfloat16")):
         p = lower(spec, cfg_of(**kw), H100, kv_capacity=16)
         t = bind_weights(p, spec, w)
@@ -444,6 +446,8 @@ def test_bind_weights_layouts():
                 err = (deq - src).abs().max()
                 step = 2 * src.abs().max() / (15 if b.dtype == DType.U4 else 254)
                 assert err <= step, (b.name, err, step)
+        if kw.get("quant_asym"):  # every quantized matrix, the LM head's copy too, has its zero
+            assert all(b.zero is not None for b in p.buffers if b.dtype == DType.I8)
         if kw.get("quant") == "int4":
             assert p.buffer("model.layers.0.self_attn.q_proj.weight").group == 64
             assert p.buffer("model.layers.0.mlp.down_proj.weight").group == 128
@@ -462,6 +466,14 @@ def test_quantizers_roundtrip():
     c0 = torch.round((w[0, 0] - zero[0, 0].float()) / scale[0, 0].float()).clamp(0, 15)
     assert int(low) == int(c0)  # element 0 in the low nibble of byte 0
     assert (dequantize(packed, scale, zero) - w).abs().max() <= scale.float().max() / 2 + 1e-3
+    codes, scale, zero = quantize_int8_asym(w, 32, torch.float32)
+    assert codes.dtype == torch.int8 and scale.shape == zero.shape == (6, 2)
+    assert codes.min() == -128 and codes.max() == 127  # each group spans the whole code range
+    assert (dequantize(codes, scale, zero) - w).abs().max() <= scale.max() / 2 + 1e-6
+    grid = -0.3 + 0.01 * torch.randint(0, 16, (6, 64)).float()  # a Q4_1-like grid: 16 levels from a minimum
+    grid[:, ::32], grid[:, 1::32] = -0.3, -0.15  # every group spans all 16
+    codes, scale, zero = quantize_int8_asym(grid, 32, torch.float32)
+    assert (dequantize(codes, scale, zero) - grid).abs().max() < 1e-6  # codes 17 apart: exact
     assert group_for(576, 128) == 64 and group_for(4096, "channel") == 4096
     assert tiles(10, 3) == [(0, 4), (4, 7), (7, 10)] and tiles(256, 3, 64) == [(0, 128), (128, 192), (192, 256)]
 
@@ -769,3 +781,15 @@ def test_fuse_attn_combine_on_a_multi_xcd_target():
     assert [c.name for c in p.counters if c.name.startswith("layers.0.attn_partial")] == ["layers.0.attn_partial"]
     res = validate(p)
     assert res.accepted, res.summary()
+
+
+def test_quant_asym_is_int8_with_whole_32_column_groups():
+    """quant_asym: int8 only (int4 has its zero anyway), and groups of whole 32-column chunks
+    (the device's zero term sums x by chunks): K = 40 gives group 8 and is refused."""
+    with pytest.raises(ValueError, match="quant_asym is for int8"):
+        cfg_of(quant="int4", quant_asym=True)
+    spec = ZOO["odd"]
+    assert lower(spec, cfg_of(quant="int8", quant_group=128, quant_asym=True), H100, kv_capacity=16)  # K=576: 64
+    narrow = spec.model_copy(update={"hidden_size": 40, "num_heads": 5, "num_kv_heads": 5, "head_dim": 8})
+    with pytest.raises(ValueError, match="whole 32-column chunks"):
+        lower(narrow, cfg_of(quant="int8", quant_group=32, quant_asym=True), H100, kv_capacity=16)

@@ -604,3 +604,27 @@ def test_argmax_slices_rules():
         bad = json.loads(json.dumps(d))
         _task(bad, name)["params"].update(change)
         assert want <= _checks(bad), (name, change)
+
+
+def test_paths_agree_on_asymmetric_int8():
+    """I8 weights with a zero companion (ScheduleConfig.quant_asym): the zero is an operand role
+    of their GEMVs (`opspec.quant_roles`), both paths accept the lowering, and both reject a zero
+    of the wrong shape, a GEMV that leaves the zero out, and a zero that names no buffer; a
+    symmetric I8 program in the same validator process keeps its own entry rows."""
+    from vm_cases import lowered
+
+    prog, _ = lowered("llama-gqa-tied", quant="int8", quant_group=32, quant_asym=True, split_k=2)
+    sym, _ = lowered("llama-gqa-tied", quant="int8", quant_group=32, split_k=2)
+    zeros = [b for b in prog.buffers if b.dtype == D.I8 and b.zero is not None]
+    assert zeros and not any(b.zero is not None for b in sym.buffers if b.dtype == D.I8)
+    assert _agree(prog) and _agree(sym) and _agree(prog)
+    w = zeros[0]
+    bad_shape = prog.replace(buffers=[b.replace(shape=(b.shape[0], b.shape[1] + 1)) if b.id == w.zero else b
+                                      for b in prog.buffers])
+    no_buffer = prog.replace(buffers=[b.replace(zero=len(prog.buffers) + 5) if b.id == w.id else b
+                                      for b in prog.buffers])
+    gemv = next(t for t in prog.tasks if t.inputs and t.inputs[0].buf == w.id)
+    dropped = prog.replace(tasks=[t.replace(inputs=tuple(o for o in t.inputs if o.buf != w.zero)) if t.id == gemv.id
+                                  else t for t in prog.tasks])
+    for broken in (bad_shape, no_buffer, dropped):
+        assert not _agree(broken)

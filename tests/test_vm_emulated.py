@@ -164,7 +164,12 @@ def test_tiny_model(emu, family):
                                  dict(kv_head_counters=True, gemv_tasks_per_matrix=3),
                                  dict(kv_head_counters=True, split_k=2),
                                  dict(fuse_attn_combine=True, gemv_tasks_per_matrix=3),
-                                 dict(fuse_attn_combine=True, quant="int4", quant_group=32, fuse_residual=False)])
+                                 dict(fuse_attn_combine=True, quant="int4", quant_group=32, fuse_residual=False),
+                                 # asymmetric int8 (a zero a group): the gate/up pair, then split-K partials
+                                 # and standalone GEMVs with the quantized LM head
+                                 dict(quant="int8", quant_group=32, quant_asym=True),
+                                 dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, fuse_silu_mul=False,
+                                      quant_lm_head=True)])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])

@@ -193,6 +193,8 @@ LOWERED = {
     "llama-gqa-tied/unfused": UNFUSED,
     "llama-gqa-tied/int8": dict(quant="int8", quant_lm_head=True),
     "llama-gqa-tied/int4": dict(quant="int4", quant_group=32),
+    "llama-gqa-tied/int8_asym": dict(quant="int8", quant_group=32, quant_asym=True, quant_lm_head=True),
+    "llama-gqa-tied/int8_asym_split_k": dict(quant="int8", quant_group=64, quant_asym=True, split_k=2),
     "smollm2-like": dict(kv_splits=4),
     "qwen2-bias": dict(split_k=2),
     "qwen3-qknorm": {},

@@ -286,10 +286,12 @@ class PackedProgram:
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
-            wdtype = program.buffers[self.buffer_index[t.inputs[0].buf]].dtype if p.op == Op.GEMV and t.inputs else DType.F32
+            wb = program.buffers[self.buffer_index[t.inputs[0].buf]] if p.op == Op.GEMV and t.inputs else None
+            wdtype = wb.dtype if wb is not None else DType.F32
             if p.op == Op.GEMV:
                 gemv_wdtypes.add(wdtype)
-            iroles, oroles = input_roles(p, wdtype), output_roles(p)
+            iroles = input_roles(p, wdtype, wb.zero is not None) if wb is not None else input_roles(p)
+            oroles = output_roles(p)
             if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
             rec["op"], rec["id"] = int(p.op), t.id
@@ -401,7 +403,8 @@ def knob_defines(program: Program) -> dict[str, int]:
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
-    the attention combine prologue, which no build compiles unless asked (common.cuh)."""
+    the attention combine prologue, and AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (the
+    zero-term pass), which no build compiles unless asked (common.cuh, gemv.cuh)."""
     vm_meta = _vm_meta(program)
     out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
@@ -415,6 +418,8 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_Q_UNPACK"] = unpack.pop()
     if any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks):
         out["AMK_GEMV_COMBINE"] = 1
+    if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
+        out["AMK_GEMV_I8_ZERO"] = 1
     return out
 
 

@@ -151,8 +151,10 @@ class ReferenceVM:
     def _bind(self, task: Task, cache_weights: bool) -> _Bound:
         """Resolve a task's operands to views once; only KV operands move per step."""
         p = task.params
-        wdtype = self.buffers[task.inputs[0].buf].dtype if p.op == Op.GEMV and task.inputs else DType.F32
-        iroles, oroles = input_roles(p, wdtype), output_roles(p)
+        wb = self.buffers[task.inputs[0].buf] if p.op == Op.GEMV and task.inputs else None
+        wdtype = wb.dtype if wb is not None else DType.F32
+        iroles = input_roles(p, wdtype, wb.zero is not None) if wb is not None else input_roles(p)
+        oroles = output_roles(p)
         where = f"task {task.id} {task.name!r} ({p.op.name})"
         if len(iroles) != len(task.inputs) or len(oroles) != len(task.outputs):
             raise ValueError(f"{where}: operands {len(task.inputs)} in / {len(task.outputs)} out, "
@@ -192,7 +194,7 @@ class ReferenceVM:
             if mat not in args:
                 continue
             wb = args[mat].buf
-            if wb.group is None or wb.scale is None or (wb.dtype == DType.U4) != (wb.zero is not None):
+            if wb.group is None or wb.scale is None or (wb.dtype == DType.U4 and wb.zero is None):
                 raise ValueError(f"{where}: quantized {wb.name} lacks group/scale/zero")
             if args[f"{mat}_scale"].buf.id != wb.scale or (f"{mat}_zero" in args and args[f"{mat}_zero"].buf.id != wb.zero):
                 raise ValueError(f"{where}: {mat} companions are not {wb.name}'s scale/zero buffers")

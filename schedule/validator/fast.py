@@ -11,7 +11,7 @@ on every fuzz class to show they agree.
 
 The checks are the explaining path's, restated as loops over integer columns and compiled
 by numba (`kernels.py`): what depends on a task's params (its operands' rules) is derived in
-Python once per distinct (params, weight dtype, group), with `form.operand_rules` itself;
+Python once per distinct (params, weight dtype, group, zero), with `form.operand_rules` itself;
 the rest runs compiled. Happens-before is vector clocks over the queues, built in the
 topological order that proves the task graph acyclic; the race check is the segment
 analysis of `race.check_races`, and on a race-free program its count of ordering checks is
@@ -19,8 +19,8 @@ the same for every linear extension of happens-before, so the certificate equals
 explaining path's.
 
 Nothing about a program is cached between calls: every call reads and checks the whole
-program. The memos map params' field values (read on every call) and a weight dtype and
-group to that entry's row of the entry table (its operand rules), a pure function of them;
+program. The memos map params' field values (read on every call) and a weight dtype,
+group and zero flag to that entry's row of the entry table (its operand rules), a pure function of them;
 a program's table is its entries' rows stacked, so a program with one new params derives
 only that row. A second memo keys each float that `operand_rules` reads only as present and
 positive-finite (`form.CLASSED_FLOATS`, e.g. a norm epsilon) as that class, so params that
@@ -38,10 +38,10 @@ import numpy as np
 from amk.schedule import ir
 from amk.schedule.compact import BUFFER_COLUMNS, COLUMN_NAMES as _COLUMN_NAMES, HEADER_FIELDS, OPERAND_COLUMNS, CompactProgram
 from amk.schedule.ir import DType as D, Op
-from amk.schedule.opspec import input_roles
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator.form import CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, Rule, float_class, operand_rules
+from amk.schedule.validator.form import (CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, Rule, float_class, operand_rules,
+                                         weight_roles)
 
 AVAILABLE = kn.AVAILABLE
 
@@ -132,9 +132,10 @@ class _Weight(NamedTuple):
 
     dtype: int  # a DType code
     group: Optional[int]
+    zero: Optional[int]  # not None where the weight names a zero companion (its id is not read)
 
 
-_ROWS: dict = {}  # (params' field values, weight dtype, group) -> the entry's table row, or False: pure, memoised
+_ROWS: dict = {}  # (params' field values, weight dtype, group, zero) -> the entry's table row, or False: pure, memoised
 _CLASSED_ROWS: dict = {}  # the same, keyed by the values with each CLASSED_FLOATS field as its class
 _TABLES: dict = {}  # a program's entry rows, in order -> its entry table (read-only: shared)
 _MEMO_MAX = 4096  # entries per memo before it starts over
@@ -152,17 +153,17 @@ def _memo(cache: dict, key, make):
 
 def _entry_tables(cp: CompactProgram, first: np.ndarray) -> Optional[np.ndarray]:
     """The entry table (`kernels.ENTRY_WIDTH` columns) of the entries `first` lists (each
-    one's first task, weight dtype and group): per entry its `kernels.E_*` values,
+    one's first task, weight dtype, group and zero flag): per entry its `kernels.E_*` values,
     elementwise flags and slot rules. None if some entry's params are invalid."""
     params, task_params = cp.params, cp.task_params
     rows, distinct = [], set()
-    for t, dtype, group in first.tolist():
+    for t, dtype, group, zero in first.tolist():
         p = params[task_params[t]]
         values = tuple(p.__dict__.values())  # every field, read now: the memos never go stale
         distinct.add(values)
-        row = _ROWS.get((values, dtype, group))
+        row = _ROWS.get((values, dtype, group, zero))
         if row is None:
-            row = _memo(_ROWS, (values, dtype, group), lambda: _classed_row(p, dtype, group))
+            row = _memo(_ROWS, (values, dtype, group, zero), lambda: _classed_row(p, dtype, group, zero))
         if row is False:
             return None
         rows.append(row)
@@ -172,17 +173,18 @@ def _entry_tables(cp: CompactProgram, first: np.ndarray) -> Optional[np.ndarray]
     return _memo(_TABLES, rows, lambda: np.frombuffer(b"".join(rows), np.int64).reshape(len(rows), kn.ENTRY_WIDTH))
 
 
-def _classed_row(p, dtype: int, group: int):
-    """`_entry_row` of `p` and its weight (dtype -1: none), shared by params that differ only
-    in CLASSED_FLOATS values of one class (`form.float_class`): say, a norm epsilon."""
-    weight = None if dtype == -1 else _Weight(dtype, None if group == -1 else group)
+def _classed_row(p, dtype: int, group: int, zero: int):
+    """`_entry_row` of `p` and its weight (dtype -1: none; zero 1: it names a zero), shared by
+    params that differ only in CLASSED_FLOATS values of one class (`form.float_class`): say,
+    a norm epsilon."""
+    weight = None if dtype == -1 else _Weight(dtype, None if group == -1 else group, 1 if zero else None)
     classed = CLASSED_FLOATS & p.__dict__.keys()  # (by name: the attributes operand_rules reads)
     if not classed:
         return _entry_row(p, weight)  # (no such field: the caller's memo, by the values, is the one)
     fields = dict(p.__dict__)
     for name in classed:
         fields[name] = float_class(fields[name])
-    return _memo(_CLASSED_ROWS, (tuple(fields.values()), dtype, group), lambda: _entry_row(p, weight))
+    return _memo(_CLASSED_ROWS, (tuple(fields.values()), dtype, group, zero), lambda: _entry_row(p, weight))
 
 
 def _entry_row(p, weight: Optional[_Weight]):
@@ -193,7 +195,7 @@ def _entry_row(p, weight: Optional[_Weight]):
     stride, off, -1 where not constrained; unused slots 0: arity is checked before any rule
     is read). False if the params are invalid."""
     try:
-        roles_in = input_roles(p, weight.dtype if weight is not None else D.F32)
+        roles_in = weight_roles(p, weight)
         ins, outs, problems = operand_rules(p, weight)
         if problems or len(ins) != len(roles_in) or len(ins) > ir.MAX_INPUTS or len(outs) > ir.MAX_OUTPUTS:
             return False

@@ -45,9 +45,18 @@ def _weight_rule(p, rows: int, span: int, dtypes=FLOAT | QUANT) -> Rule:
     return Rule(IMMUTABLE, dtypes, length=span, count=rows, stride=p.k)
 
 
+def weight_roles(p, w_buf) -> list[str]:
+    """`input_roles` of params `p` with weight buffer `w_buf` (an ir.Buffer, or anything with
+    its dtype / group / zero; None: no weight): its dtype and whether it names a zero."""
+    if w_buf is None:
+        return input_roles(p)
+    return input_roles(p, w_buf.dtype, w_buf.zero is not None)
+
+
 def operand_rules(p, w_buf: Optional[ir.Buffer]):
     """(input rules, output rules, params problems) for a task's params. Depends only on the
-    params and on its weight buffer's dtype and group, so callers cache it."""
+    params and on its weight buffer's dtype, group and whether it names a zero, so callers
+    cache it."""
     op = p.op
     bad: list[str] = []
 
@@ -146,7 +155,7 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
     if quant:
         need(group >= 1 and p.k_lo % group == 0 and span % group == 0, "a quantized K slice must align to the group size")
     ins = []
-    for role in input_roles(p, wdtype):  # each role's rule built only where the task has the role
+    for role in weight_roles(p, w_buf):  # each role's rule built only where the task has the role
         if role in ("w", "w2"):
             ins.append(_weight_rule(p, p.rows, span))
         elif role == "x":
@@ -280,9 +289,8 @@ def _check_quant_buffer(b: ir.Buffer, prog: ir.Program, nb: int, rep: Report) ->
     if b.dtype == D.U4 and cols % 2:
         rep.add("quant-shape", f"U4 buffer {b.id} ({b.name}) needs an even column count.", buffers=[b.id])
     want = (rows, cols // g)
-    companions = [("scale", b.scale)] + ([("zero", b.zero)] if b.dtype == D.U4 else [])
-    if b.dtype == D.I8 and b.zero is not None:
-        rep.add("quant-shape", f"I8 buffer {b.id} ({b.name}) is symmetric and takes no zero.", buffers=[b.id])
+    # U4 always has a zero; I8 may (asymmetric: w = code * scale + zero)
+    companions = [("scale", b.scale)] + ([("zero", b.zero)] if b.dtype == D.U4 or b.zero is not None else [])
     for what, cid in companions:
         if cid is None:
             rep.add("quant-shape", f"quantized buffer {b.id} ({b.name}) has no {what} buffer.", buffers=[b.id])
@@ -350,11 +358,12 @@ def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
             continue
         op = p.op
         w_buf = bufs[ins_ops[0].buf] if op == Op.GEMV and ins_ops else None
-        key = (op, pkey, w_buf.dtype if w_buf is not None else None, w_buf.group if w_buf is not None else None)
+        key = (op, pkey, w_buf.dtype if w_buf is not None else None, w_buf.group if w_buf is not None else None,
+               w_buf is not None and w_buf.zero is not None)
         entry = cache.get(key)
         if entry is None:
             try:
-                roles = (input_roles(p, w_buf.dtype if w_buf is not None else D.F32), output_roles(p))
+                roles = (weight_roles(p, w_buf), output_roles(p))
                 ins, outs, problems = operand_rules(p, w_buf)
                 ids = ([rule_ids.setdefault(r, len(rule_ids)) for r in ins], [rule_ids.setdefault(r, len(rule_ids)) for r in outs])
                 entry = cache[key] = (roles, ids, problems)
@@ -403,7 +412,7 @@ def _check_aliasing(prog: ir.Program, rows: list[tuple], rep: Report) -> None:
             continue
         task = prog.tasks[r[0]]
         w_buf = prog.buffers[task.inputs[0].buf] if task.op == Op.GEMV else None
-        roles = input_roles(task.params, w_buf.dtype if w_buf is not None else D.F32)
+        roles = weight_roles(task.params, w_buf)
         for q in reads[(r[0], r[3])]:
             same = q[4:9] == r[4:9]
             if same and roles[q[1]] in ELEMENTWISE_ROLES:
@@ -448,7 +457,7 @@ def _check_operands(prog: ir.Program, t: OperandTable, rep: Report) -> None:
         write = bool(t.write[i])
         o = (task.outputs if write else task.inputs)[int(t.slot[i])]
         w_buf = bufs[task.inputs[0].buf] if task.op == Op.GEMV else None
-        roles = (output_roles(task.params) if write else input_roles(task.params, w_buf.dtype if w_buf is not None else D.F32))
+        roles = output_roles(task.params) if write else weight_roles(task.params, w_buf)
         _explain_operand(prog, task, roles[int(t.slot[i])], o, R[int(t.rule[i])], rep, write)
 
 

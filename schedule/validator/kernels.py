@@ -71,12 +71,13 @@ SCOPE_XCD, SCOPE_MAX = int(ir.Scope.XCD), max(int(c) for c in ir.Scope)
 def buffer_table(buffers, kv_capacity, dtype_mask):
     """`form.check_buffers`' rules (rank, dims, size cap, dtype on this target, KV shape,
     quantized weights and their scale/zero companions). Returns (code, `B_*` table, each
-    buffer's (dtype, group) variant, how many variants)."""
+    buffer's (dtype, group, has a zero) variant, how many variants)."""
     nb = buffers.shape[0]
     info = np.zeros((nb, BUFINFO_COLUMNS), np.int64)
     variant = np.zeros(nb, np.int64)
     var_dtype = np.empty(nb, np.int64)
     var_group = np.empty(nb, np.int64)
+    var_zero = np.empty(nb, np.bool_)
     nv = 0
     if kv_capacity < 0:
         return REJECT_BUFFER, info, variant, nv
@@ -115,10 +116,10 @@ def buffer_table(buffers, kv_capacity, dtype_mask):
         if info[b, B_MUTABLE]:  # the access axis spans the mutable buffers only (race_free ranks it)
             base += extent
         v = 0
-        while v < nv and (var_dtype[v] != dtype or var_group[v] != group):
+        while v < nv and (var_dtype[v] != dtype or var_group[v] != group or var_zero[v] != (zero != -1)):
             v += 1
         if v == nv:
-            var_dtype[nv], var_group[nv] = dtype, group
+            var_dtype[nv], var_group[nv], var_zero[nv] = dtype, group, zero != -1
             nv += 1
         variant[b] = v
     return 0, info, variant, nv
@@ -127,16 +128,17 @@ def buffer_table(buffers, kv_capacity, dtype_mask):
 @inline
 def _quant_buffer_ok(buffers, b, nb):
     """A quantized weight: a 2-D WEIGHT whose group divides its columns (an even count for
-    U4), with an immutable float [rows, cols / group] scale (and, for U4, zero; I8 has none)."""
+    U4), with an immutable float [rows, cols / group] scale, and a zero of the same form (U4
+    always; I8 where it names one: asymmetric)."""
     if buffers[b, C_KIND] != KIND_WEIGHT or buffers[b, C_RANK] != 2:
         return False
     rows, cols, group = buffers[b, C_D0], buffers[b, C_D1], buffers[b, C_GROUP]
     if group < 1 or cols % group != 0:
         return False
     u4 = buffers[b, C_DTYPE] == DTYPE_U4
-    if (u4 and cols % 2 != 0) or (not u4 and buffers[b, C_ZERO] != -1):
+    if u4 and cols % 2 != 0:
         return False
-    for k in range(2 if u4 else 1):
+    for k in range(2 if u4 or buffers[b, C_ZERO] != -1 else 1):
         c = buffers[b, C_SCALE] if k == 0 else buffers[b, C_ZERO]
         if c < 0 or c >= nb or buffers[c, C_RANK] != 2 or buffers[c, C_D0] != rows or buffers[c, C_D1] != cols // group:
             return False
@@ -150,17 +152,18 @@ def _quant_buffer_ok(buffers, b, nb):
 def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params, n_params, gemv_params, buf_variant,
                  n_variants, nc, max_in, max_out, max_waits, buffers):
     """Caps and references, params used in order of first use; then each task's entry (its
-    params and, for a GEMV, its weight buffer's dtype and group). Returns (code, where each
-    task's operands start, where its waits start [nt + 1], entry per task, per entry its
-    first task and its weight's dtype and group [ne, 3] (-1, -1: no weight), weight buffer
-    per task)."""
+    params and, for a GEMV, its weight buffer's dtype, group and zero). Returns (code, where
+    each task's operands start, where its waits start [nt + 1], entry per task, per entry its
+    first task, its weight's dtype and group and whether it names a zero [ne, 4] (-1, -1, 0:
+    no weight), weight buffer per task)."""
     nt = n_in.shape[0]
     nb = buf_variant.shape[0]
     op_start = np.empty(nt, np.int64)
     w_start = np.zeros(nt + 1, np.int64)
     entry = np.full(nt, -1, np.int64)
     wbuf = np.full(nt, -1, np.int64)
-    first = np.full((nt, 3), -1, np.int64)
+    first = np.full((nt, 4), -1, np.int64)
+    first[:, 3] = 0
     ne = 0
     at = 0
     for t in range(nt):
@@ -203,6 +206,7 @@ def task_entries(n_in, n_out, n_wait, out_counter, operands, waits, task_params,
             first[ne, 0] = t
             if wbuf[t] >= 0:
                 first[ne, 1], first[ne, 2] = buffers[wbuf[t], C_DTYPE], buffers[wbuf[t], C_GROUP]
+                first[ne, 3] = buffers[wbuf[t], C_ZERO] != -1
             ne += 1
         entry[t] = slot_of[key]
     if n_used != n_params:
