@@ -5,8 +5,10 @@ The reference is the fp32 program over transformers' float32 dequantization of t
 (the only real checkpoint on the machine; note that it already lies on a Q4_1 grid, so
 int4 group-32 round-to-nearest of it is nearly lossless). Against it:
 
-  * int8 round-to-nearest, per channel and groups 32 / 64 / 128; int4 round-to-nearest (scale +
-    group minimum), groups 32 / 64 / 128; the LM head stays float (ScheduleConfig default);
+  * int8 round-to-nearest, per channel and groups 32 / 64 / 128, symmetric, and asymmetric
+    (`quant_asym`: codes spanning each group's [min, max], a scale and a zero) at groups 32 / 64;
+    int4 round-to-nearest (scale + group minimum), groups 32 / 64 / 128; the LM head stays
+    float (ScheduleConfig default);
   * the GGUF-native program (quant='gguf', quant_lm_head=True): the file's Q4_1 / Q8_0
     blocks run as they are. It must generate the same 64 tokens as transformers' model
     built from the same file (`build_hf_model` on the dequantized weights).
@@ -49,6 +51,8 @@ CONFIGS: dict[str, dict] = {
     "int8 g32": dict(quant="int8", quant_group=32),
     "int8 g64": dict(quant="int8", quant_group=64),
     "int8 g128": dict(quant="int8", quant_group=128),
+    "int8 g32 asym": dict(quant="int8", quant_group=32, quant_asym=True),
+    "int8 g64 asym": dict(quant="int8", quant_group=64, quant_asym=True),
     "int4 g32": dict(quant="int4", quant_group=32),
     "int4 g64": dict(quant="int4", quant_group=64),
     "int4 g128": dict(quant="int4", quant_group=128),
@@ -86,7 +90,7 @@ def measure(tokens: int = 64, max_queues: int = 16, kv_capacity: int = 256, text
         greedy = vm.generate(prompt, tokens)
         logits = vm.logits_for(text)
         stats = mk.program.meta["stats"]
-        row = {"config": cfg.model_dump(mode="json", include={"quant", "quant_group", "quant_lm_head"}),
+        row = {"config": cfg.model_dump(mode="json", include={"quant", "quant_group", "quant_asym", "quant_lm_head"}),
                "weight_bytes": stats["weight_bytes"], "tokens": greedy, "text": mk.decode(greedy),
                "ppl": perplexity(logits, text)}
         if ref_tokens is None:
@@ -129,7 +133,9 @@ def markdown(doc: dict) -> str:
         f"Reference: the fp32 program over transformers' float32 dequantization of the embedded GGUF "
         f"(Q4_1 linears, Q8_0 embedding), so int4 g32 of it is close to lossless. Greedy: {n} new tokens after "
         f"\"{doc['prompt']}\" ({doc['prompt_tokens']} tokens); perplexity: teacher-forced over a fixed "
-        f"{doc['text_tokens']}-token text. RTN configs keep the LM head float.", "",
+        f"{doc['text_tokens']}-token text. RTN configs keep the LM head float; 'asym' is int8 with a "
+        "zero a group (`quant_asym`: codes spanning the group's [min, max]), which lands on the Q4_1 grid "
+        "(16 levels from each 32-block's minimum: codes 17 apart) where symmetric int8 cannot.", "",
         f"| program | weight MB | greedy = fp32 (prefix / positions of {n}) | ppl | ppl vs fp32 | top-1 vs fp32 | "
         "max-abs logit diff | fp32 top-2 margin at the first difference |", "|---|---|---|---|---|---|---|---|",
     ]

@@ -27,9 +27,11 @@ rnd(silu(gate)) * up; RoPE with rnd(cos), rnd(sin) and each product rounded; att
 scores t = rnd(scale * rnd(q.k)). (HF eager also rounds the normalised softmax
 probabilities before P @ V; a split-KV partial never holds them, so that point is not
 matched.) For fp32 buffers every such rounding is the identity. Quantized weights
-dequantize as I8: w = code * scale[r, c // group]; U4: w = code * scale[r, c // group] +
-zero[r, c // group] (zero holds the group minimum), codes unsigned 0..15 packed two per
-byte, element e in byte e // 2, low nibble first. Scale/zero companions have shape
+dequantize as I8: w = code * scale[r, c // group], or, where the buffer names a zero
+(asymmetric), w = code * scale[r, c // group] + zero[r, c // group]; U4: w = code *
+scale[r, c // group] + zero[r, c // group] (zero holds the group minimum), codes unsigned
+0..15 packed two per byte, element e in byte e // 2, low nibble first. The zero is then a
+GEMV operand role (w_zero, w2_zero) like U4's. Scale/zero companions have shape
 [rows, cols // group], any float dtype, and the weight's buffer records `group`. An
 operand with count == 1 has no stride (it is ignored).
 
@@ -206,7 +208,8 @@ class Buffer(_Frozen):
     kind: BufferKind
     dtype: DType
     shape: tuple[int, ...]
-    # quantized weights: companions [rows, cols/group] of per-group scale and minimum
+    # quantized weights: companions [rows, cols/group] of per-group scale and zero (U4's minimum;
+    # an asymmetric I8's value of code 0; a symmetric I8 has none)
     scale: Optional[int] = None
     zero: Optional[int] = None
     group: Optional[int] = None
@@ -273,7 +276,8 @@ class GemvParams(_Frozen):
                partials, concatenated (len k) and rounded to y's dtype (where the standalone
                combine would have stored it), with split_k == 1 and no norm
       [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
-      [w_scale[, w_zero]]  for quantized w: tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
+      [w_scale[, w_zero]]  for quantized w (w_zero where w names a zero: U4, asymmetric I8):
+               tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
       [w2[, w2_scale[, w2_zero]]]  the up-projection slab, shaped like w  if epilogue == SILU_MUL
       [bias]   len rows                                       if has_bias
       [residual] len rows                                     if epilogue == ADD
