@@ -144,23 +144,37 @@ AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
 // The zero term of I8 weights with a zero (w and, for a pair, w2): acc[r * m + j] += sum over
 // the slice's groups g of zero[r, g] * (the sum of x over g), each group's x sum from the x
 // sums of its 32-column chunks (the lowering gives such weights groups of whole chunks). A
-// warp a row, its lanes over the groups, added in a fixed order. Every row's sums are done
-// (the caller's barrier), and the caller's next barrier publishes these.
+// warp takes AMK_ZERO_ROWS accumulators (row r, matrix j) at a time, its lanes over the
+// groups, so that their zero loads are in flight together; each sum is added in a fixed
+// order. Every row's sums are done (the caller's barrier), and its next barrier publishes these.
+#ifndef AMK_ZERO_ROWS
+#define AMK_ZERO_ROWS 8
+#endif
 AMK_DEVICE void amk_gemv_zero_term(const AmkGemvW& w, const AmkGemvW& w2, int m, const float* xsums, float* acc,
                                    int rows, int K) {
-  const int groups = K / w.group, chunks = w.group / AMK_XSUM_CHUNK;
-  for (int r = amk_warp(); r < rows; r += amk_nwarps())
-    for (int j = 0; j < m; ++j) {
-      const AmkGemvW& wj = j == 0 ? w : w2;
-      float s = 0.0f;
-      for (int g = amk_lane(); g < groups; g += AMK_WARP_SIZE) {
-        float xg = 0.0f;
-        for (int ch = 0; ch < chunks; ++ch) xg += xsums[g * chunks + ch];
-        s += amk_w_zero(wj, r, g * w.group) * xg;
+  const int groups = K / w.group, chunks = w.group / AMK_XSUM_CHUNK, n = rows * m;
+  for (int a0 = amk_warp() * AMK_ZERO_ROWS; a0 < n; a0 += amk_nwarps() * AMK_ZERO_ROWS) {  // warp-uniform
+    float s[AMK_ZERO_ROWS];
+#pragma unroll
+    for (int u = 0; u < AMK_ZERO_ROWS; ++u) s[u] = 0.0f;
+    for (int g = amk_lane(); g < groups; g += AMK_WARP_SIZE) {
+      float xg = 0.0f;
+      for (int ch = 0; ch < chunks; ++ch) xg += xsums[g * chunks + ch];
+      float z[AMK_ZERO_ROWS];
+#pragma unroll
+      for (int u = 0; u < AMK_ZERO_ROWS; ++u) {  // every load before the first use
+        const int a = a0 + u;
+        z[u] = a < n ? amk_w_zero(a % m == 0 ? w : w2, a / m, g * w.group) : 0.0f;
       }
-      s = amk_warp_sum(s);
-      if (amk_lane() == 0) acc[r * m + j] += s;
+#pragma unroll
+      for (int u = 0; u < AMK_ZERO_ROWS; ++u) s[u] += z[u] * xg;
     }
+#pragma unroll
+    for (int u = 0; u < AMK_ZERO_ROWS; ++u) {
+      const float t = amk_warp_sum(s[u]);
+      if (amk_lane() == 0 && a0 + u < n) acc[a0 + u] += t;
+    }
+  }
 }
 
 // Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
