@@ -59,7 +59,7 @@ import numpy as np
 
 from amk.schedule import ir
 from amk.schedule.ir import BufferKind as K, DType as D, Epilogue, KvMode, Op
-from amk.schedule.opspec import input_roles, output_roles
+from amk.schedule.opspec import output_roles, weight_input_roles
 
 LABELS = ("deadlock", "race", "out-of-bounds", "uninitialized-read", "incomplete-output", "read-only-write",
           "unscheduled", "malformed", "capacity", "coresidency")
@@ -237,7 +237,7 @@ class _Static:
         hit = self._roles.get(key)
         if hit is None:
             try:
-                rin = input_roles(p, wbuf.dtype, wbuf.zero is not None) if wbuf is not None else input_roles(p)
+                rin = weight_input_roles(p, wbuf)
                 rout = output_roles(p)
             except Exception as exc:  # noqa: BLE001
                 raise _Stop("malformed", f"task {t.id}: its params name no operand roles ({exc})") from None
@@ -395,8 +395,7 @@ class _Exec:
         memo: dict[tuple, tuple] = {}  # distinct operand -> (region id or -1, bounds problem)
         for t in prog.tasks:
             try:
-                wb = prog.buffers[t.inputs[0].buf] if t.params.op == Op.GEMV else None
-                roles = input_roles(t.params, wb.dtype, wb.zero is not None) if wb is not None else input_roles(t.params)
+                roles = weight_input_roles(t.params, prog.buffers[t.inputs[0].buf] if t.params.op == Op.GEMV else None)
             except Exception:  # noqa: BLE001 - malformed tasks were judged statically
                 roles = []
             for ops, write in ((t.inputs, False), (t.outputs, True)):

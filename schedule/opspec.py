@@ -56,6 +56,14 @@ def input_roles(params, weight_dtype: DType = DType.F32, weight_zero: bool | Non
     return list(_FIXED_INPUTS[op])
 
 
+def weight_input_roles(params, weight) -> list[str]:
+    """`input_roles` of a task whose weight buffer is `weight` (an ir.Buffer, or anything with
+    its dtype and zero; None: no weight): its dtype and whether it names a zero."""
+    if weight is None:
+        return input_roles(params)
+    return input_roles(params, weight.dtype, weight.zero is not None)
+
+
 def output_roles(params) -> list[str]:
     op = params.op
     if op == Op.GEMV:

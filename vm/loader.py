@@ -47,7 +47,7 @@ from amk.schedule.ir import (
     Program,
     ValidationResult,
 )
-from amk.schedule.opspec import gemv_rows_width, input_roles, output_roles
+from amk.schedule.opspec import gemv_rows_width, output_roles, weight_input_roles
 from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 from amk.vm.progress import StepProgress
@@ -290,8 +290,7 @@ class PackedProgram:
             wdtype = wb.dtype if wb is not None else DType.F32
             if p.op == Op.GEMV:
                 gemv_wdtypes.add(wdtype)
-            iroles = input_roles(p, wdtype, wb.zero is not None) if wb is not None else input_roles(p)
-            oroles = output_roles(p)
+            iroles, oroles = weight_input_roles(p, wb), output_roles(p)
             if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
             rec["op"], rec["id"] = int(p.op), t.id

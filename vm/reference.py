@@ -35,7 +35,7 @@ from amk.schedule.ir import (
     Task,
     ValidationResult,
 )
-from amk.schedule.opspec import input_roles, output_roles
+from amk.schedule.opspec import output_roles, weight_input_roles
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
 from amk.vm.progress import StepProgress
 from amk.vm.regions import RegionError, is_kv, region
@@ -153,8 +153,7 @@ class ReferenceVM:
         p = task.params
         wb = self.buffers[task.inputs[0].buf] if p.op == Op.GEMV and task.inputs else None
         wdtype = wb.dtype if wb is not None else DType.F32
-        iroles = input_roles(p, wdtype, wb.zero is not None) if wb is not None else input_roles(p)
-        oroles = output_roles(p)
+        iroles, oroles = weight_input_roles(p, wb), output_roles(p)
         where = f"task {task.id} {task.name!r} ({p.op.name})"
         if len(iroles) != len(task.inputs) or len(oroles) != len(task.outputs):
             raise ValueError(f"{where}: operands {len(task.inputs)} in / {len(task.outputs)} out, "

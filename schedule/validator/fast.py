@@ -37,11 +37,11 @@ import numpy as np
 
 from amk.schedule import ir
 from amk.schedule.compact import BUFFER_COLUMNS, COLUMN_NAMES as _COLUMN_NAMES, HEADER_FIELDS, OPERAND_COLUMNS, CompactProgram
-from amk.schedule.ir import DType as D, Op
+from amk.schedule.ir import Op
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator import kernels as kn
-from amk.schedule.validator.form import (CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, Rule, float_class, operand_rules,
-                                         weight_roles)
+from amk.schedule.opspec import weight_input_roles
+from amk.schedule.validator.form import CLASSED_FLOATS, ELEMENTWISE_ROLES, QUANT, Rule, float_class, operand_rules
 
 AVAILABLE = kn.AVAILABLE
 
@@ -195,7 +195,7 @@ def _entry_row(p, weight: Optional[_Weight]):
     stride, off, -1 where not constrained; unused slots 0: arity is checked before any rule
     is read). False if the params are invalid."""
     try:
-        roles_in = weight_roles(p, weight)
+        roles_in = weight_input_roles(p, weight)
         ins, outs, problems = operand_rules(p, weight)
         if problems or len(ins) != len(roles_in) or len(ins) > ir.MAX_INPUTS or len(outs) > ir.MAX_OUTPUTS:
             return False

@@ -14,7 +14,8 @@ import numpy as np
 
 from amk.schedule import ir
 from amk.schedule.ir import ArgmaxMode, BufferKind as K, DType as D, Epilogue, KvMode, Op
-from amk.schedule.opspec import APPEND_EPILOGUES, ROPE_EPILOGUES, gemv_rows_width, input_roles, output_roles
+from amk.schedule.opspec import (APPEND_EPILOGUES, ROPE_EPILOGUES, gemv_rows_width, input_roles, output_roles,
+                                 weight_input_roles)
 from amk.schedule.targets import coresident_blocks
 from amk.schedule.validator.report import Report
 
@@ -43,14 +44,6 @@ class Rule(NamedTuple):  # kinds/dtypes hold IntEnum members, which hash and com
 
 def _weight_rule(p, rows: int, span: int, dtypes=FLOAT | QUANT) -> Rule:
     return Rule(IMMUTABLE, dtypes, length=span, count=rows, stride=p.k)
-
-
-def weight_roles(p, w_buf) -> list[str]:
-    """`input_roles` of params `p` with weight buffer `w_buf` (an ir.Buffer, or anything with
-    its dtype / group / zero; None: no weight): its dtype and whether it names a zero."""
-    if w_buf is None:
-        return input_roles(p)
-    return input_roles(p, w_buf.dtype, w_buf.zero is not None)
 
 
 def operand_rules(p, w_buf: Optional[ir.Buffer]):
@@ -155,7 +148,7 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
     if quant:
         need(group >= 1 and p.k_lo % group == 0 and span % group == 0, "a quantized K slice must align to the group size")
     ins = []
-    for role in weight_roles(p, w_buf):  # each role's rule built only where the task has the role
+    for role in weight_input_roles(p, w_buf):  # each role's rule built only where the task has the role
         if role in ("w", "w2"):
             ins.append(_weight_rule(p, p.rows, span))
         elif role == "x":
@@ -363,7 +356,7 @@ def check_tasks(prog: ir.Program, rep: Report) -> OperandTable:
         entry = cache.get(key)
         if entry is None:
             try:
-                roles = (weight_roles(p, w_buf), output_roles(p))
+                roles = (weight_input_roles(p, w_buf), output_roles(p))
                 ins, outs, problems = operand_rules(p, w_buf)
                 ids = ([rule_ids.setdefault(r, len(rule_ids)) for r in ins], [rule_ids.setdefault(r, len(rule_ids)) for r in outs])
                 entry = cache[key] = (roles, ids, problems)
@@ -412,7 +405,7 @@ def _check_aliasing(prog: ir.Program, rows: list[tuple], rep: Report) -> None:
             continue
         task = prog.tasks[r[0]]
         w_buf = prog.buffers[task.inputs[0].buf] if task.op == Op.GEMV else None
-        roles = weight_roles(task.params, w_buf)
+        roles = weight_input_roles(task.params, w_buf)
         for q in reads[(r[0], r[3])]:
             same = q[4:9] == r[4:9]
             if same and roles[q[1]] in ELEMENTWISE_ROLES:
@@ -457,7 +450,7 @@ def _check_operands(prog: ir.Program, t: OperandTable, rep: Report) -> None:
         write = bool(t.write[i])
         o = (task.outputs if write else task.inputs)[int(t.slot[i])]
         w_buf = bufs[task.inputs[0].buf] if task.op == Op.GEMV else None
-        roles = output_roles(task.params) if write else weight_roles(task.params, w_buf)
+        roles = output_roles(task.params) if write else weight_input_roles(task.params, w_buf)
         _explain_operand(prog, task, roles[int(t.slot[i])], o, R[int(t.rule[i])], rep, write)
 
 
