@@ -172,15 +172,16 @@ def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     shim = tmp_path / "bin"
     shim.mkdir()
-    # the script calls python3: this interpreter (a wrapper, not a link: a venv is found from the path run)
-    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    # the script calls python3: this interpreter (a wrapper, not a link: a venv is found from the
+    # path run), which spends 8 s before each A/B group, so that group 1, started with nearly all
+    # of the 1000 s budget, leaves group 2 less than the 994 s it needs, whatever the machine
+    (shim / "python3").write_text(f'#!/bin/sh\ncase "$*" in "-m amk.eval.ab "*) sleep 8;; esac\n'
+                                  f'exec "{sys.executable}" "$@"\n')
     (shim / "python3").chmod(0o755)
-    # group 1 starts with >= 994 s of the 1000 left; its four failing benches take longer than
-    # 6 s (a process each), so group 2 finds less than 994 s left
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
            "AMK_AB_BUDGET_S": "1000", "AMK_AB_MIN_LEFT_S": "994", "AMK_GIT_COMMIT": "test"}
     run = subprocess.run(["bash", str(repo / "eval/ab_call.sh"),
-                          "smollm2-135m --arm base= --arm k12=eval/configs/kv_splits_12.json --rounds 2 --no-prewarm",
+                          "smollm2-135m --arm base= --arm k12=eval/configs/kv_splits_12.json --rounds 1 --no-prewarm",
                           "llama-3.2-1b --arm base="],
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr

@@ -31,3 +31,13 @@ def test_caps_match():
 
 def test_version_matches():
     assert _parse_header()[2] == ir.IR_VERSION
+
+
+def test_zero_chunk_matches_the_gemv_x_sums():
+    """The lowering's 32-column chunks of an asymmetric I8 group (schedule/lower.py ZERO_CHUNK)
+    are the GEMV's x sums (instructions/gemv.cuh AMK_XSUM_CHUNK, mirrored by vm/loader.py)."""
+    from amk.schedule.lower import ZERO_CHUNK
+    from amk.vm.loader import XSUM_CHUNK
+
+    gemv = (HEADER.parent.parent / "instructions" / "gemv.cuh").read_text()
+    assert ZERO_CHUNK == XSUM_CHUNK == int(re.search(r"#define\s+AMK_XSUM_CHUNK\s+(\d+)", gemv).group(1))
