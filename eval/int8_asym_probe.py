@@ -1,6 +1,7 @@
-"""Would an asymmetric int8 format give the 64-of-64 greedy tokens that symmetric int8 misses?
+"""Does asymmetric int8 give the 64-of-64 greedy tokens that symmetric int8 misses?
 
-A probe in plain torch, before the format exists in the IR (eval/PERF_NOTES.md, session 41):
+A probe in plain transformers, written before the format existed in the IR (eval/PERF_NOTES.md
+item 129) and now using its quantizers (`amk.schedule.quantize`), so it checks them outside the VM:
 transformers' float32 model of the embedded SmolLM2 GGUF (the reference of
 `amk.eval.quant_quality`) with every linear layer's weight replaced by its int8 round trip,
 then 64 greedy tokens after the quality table's prompt, compared with the float model's.
@@ -8,8 +9,8 @@ then 64 greedy tokens after the quality table's prompt, compared with the float 
     python -m amk.eval.int8_asym_probe [--gguf FILE] [--tokens 64]
 
 Formats (groups along K, the LM head / tied embedding left float as in the quality table):
-  sym:   codes -127..127 times absmax / 127 (the IR's I8 today);
-  asym:  codes -128..127 times (max - min) / 255 plus a zero (the value of code 0), scale and
+  sym:   codes -127..127 times absmax / 127 (the IR's symmetric I8);
+  asym:  codes -128..127 times (max - min) / 255 plus a zero (the value of code 0; `quant_asym`), scale and
          zero rounded to float32 or float16 (the bf16 programs' companion dtype).
 The checkpoint's linears are Q4_1: each block of 32 lies on 16 levels from its minimum, which
 asymmetric int8 at group 32 reproduces (codes 17 apart) up to the rounding of its scale and
@@ -28,22 +29,17 @@ PROMPT = "The three primary colors are"  # amk.eval.quant_quality.PROMPT
 
 
 def sym_int8(w: torch.Tensor, group: int) -> torch.Tensor:
-    n, k = w.shape
-    wg = w.reshape(n, k // group, group)
-    s = wg.abs().amax(-1, keepdim=True) / 127.0
-    s = torch.where(s == 0, torch.ones_like(s), s)
-    return (torch.clamp(torch.round(wg / s), -127, 127) * s).reshape(n, k)
+    """w's round trip through the IR's symmetric I8 (float32 scales)."""
+    from amk.schedule.quantize import dequantize, quantize_int8
+
+    return dequantize(*quantize_int8(w, group, torch.float32))
 
 
 def asym_int8(w: torch.Tensor, group: int, companion: torch.dtype) -> torch.Tensor:
-    n, k = w.shape
-    wg = w.reshape(n, k // group, group)
-    lo = wg.amin(-1, keepdim=True)
-    s = ((wg.amax(-1, keepdim=True) - lo) / 255.0).to(companion).float()
-    s = torch.where(s == 0, torch.ones_like(s), s)
-    zero = (lo + 128.0 * s).to(companion).float()
-    codes = torch.clamp(torch.round((wg - zero) / s), -128, 127)
-    return (codes * s + zero).reshape(n, k)
+    """w's round trip through the IR's asymmetric I8 (`quant_asym`), scale and zero in `companion`."""
+    from amk.schedule.quantize import dequantize, quantize_int8_asym
+
+    return dequantize(*quantize_int8_asym(w, group, companion))
 
 
 def main(argv=None) -> int:
