@@ -3,7 +3,7 @@
 # (prewarm, then gated benches in rotated rounds), one model after another, under one budget.
 #
 #   device run:  AMK_GIT_COMMIT=$(git rev-parse HEAD) bash eval/ab_call.sh \
-#                  "smollm2-135m --arm base= --arm to=@AMK_TURNOVER_OVERLAP=1" \
+#                  "smollm2-135m --arm base= --arm ce0=@AMK_COMBINE_EARLY=0" \
 #                  "llama-3.2-1b --arm base= --arm k12=eval/configs/kv_splits_12.json"
 #                carry: [".whl"]   timeout_s: 600   (the wheels: ../shared/tools/device-wheels.sh)
 #

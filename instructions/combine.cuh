@@ -109,13 +109,15 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
   return AmkCombineOutputs<Store>{ptr, po, wm, den, s, store};
 }
 
-// AMK_COMBINE_EARLY (an experiment, off until measured; eval/PERF_NOTES.md item 126): where
-// ATTN_COMBINE has one output a thread, at most AMK_SPLIT_SUM_UNROLL splits and F32 partials in
-// runs, each thread loads its output's split values at the op's start, beside the (m, l) pairs,
-// so that their L2 round trip (the partials were just written by other SMs) overlaps the
-// staging's and the weights' instead of following them. The sum is the same, in split order.
+// AMK_COMBINE_EARLY: where ATTN_COMBINE has one output a thread, at most AMK_SPLIT_SUM_UNROLL
+// splits and F32 partials in runs, each thread loads its output's split values at the op's
+// start, beside the (m, l) pairs, so that their L2 round trip (the partials were just written by
+// other SMs) overlaps the staging's and the weights' instead of following them. The sum is the
+// same, in split order. Measured (eval/PERF_NOTES.md item 131, paired): SmolLM2 shape -1.3 %,
+// 1B -1.5 %. On by default in builds without quantized weights; the int8 and int4 builds spill
+// with it (24 / 44 and 64 / 124 B on sm_90, item 126), so they keep the loop that loads after.
 #ifndef AMK_COMBINE_EARLY
-#define AMK_COMBINE_EARLY 0
+#define AMK_COMBINE_EARLY (((AMK_GEMV_WDTYPES) & 0x30) == 0)  // 0x30: I8, U4
 #endif
 struct AmkCombineHeld {
   float v[AMK_SPLIT_SUM_UNROLL];

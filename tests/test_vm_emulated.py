@@ -251,20 +251,19 @@ def test_hang_is_reported(emu):
 
 
 @pytest.mark.parametrize("threads", [64, 128])
-def test_experiment_defines_give_the_same_bits(tmp_path, monkeypatch, threads):
-    """The scheduler-loop and combine experiments (AMK_RECORD_IN_WAIT, with AMK_TURNOVER_OVERLAP's
-    descriptor copy, and AMK_COMBINE_EARLY; eval/PERF_NOTES.md items 126-128) change how, not
-    what: a build with them gives the same bits as one without, step after step (the record
-    copied ahead by every thread but 0 in a two-warp block, by warps 2.. in a four-warp one, whose
-    128 threads also hold the combine's 2 heads x 64 outputs, one a thread: the early loads)."""
+def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
+    """AMK_COMBINE_EARLY (eval/PERF_NOTES.md items 126 and 131) changes when the combine loads its
+    splits, not what it sums: a build with it gives the same bits as one without, step after
+    step (a four-warp block's 128 threads hold the combine's 2 heads x 64 outputs, one a thread:
+    the early loads; a two-warp block cannot, so it checks the fallback)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", kv_capacity=16, max_queues=4, threads_per_block=threads,
                       kv_splits=2, kv_block=8)  # 16 steps: the second split has rows from position 8 on
     comb = [x.params for x in prog.tasks if x.op == Op.ATTN_COMBINE]
     assert comb and comb[0].splits == 2 and (comb[0].q_heads * comb[0].head_dim <= threads) == (threads == 128)
     defines = knob_defines(prog)
-    base = EmuVM(prog, t, build(tmp_path, defines))
-    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_RECORD_IN_WAIT": 1, "AMK_COMBINE_EARLY": 1}))
+    base = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 0}))
+    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 1}))
     for pos, tok in enumerate(PROMPT * 2):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
         assert torch.equal(a["logits"], b["logits"]), f"step {pos}"

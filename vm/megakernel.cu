@@ -63,27 +63,6 @@
 #define AMK_PREFETCH_NEXT_RECORD 1
 #endif
 
-// The turnover between a release and the next task's op (an experiment, off until measured;
-// eval/PERF_NOTES.md item 127): the task's buffer descriptors are copied by warp 1 while
-// thread 0 already polls its waits, so the descriptors' round trip overlaps the first acquire
-// load instead of preceding it (and one barrier goes). A late starter (the block that was its
-// stage's last producer, item 103) meets its wait at the first poll, so both round trips were
-// on the critical path one after the other.
-#ifndef AMK_TURNOVER_OVERLAP
-#define AMK_TURNOVER_OVERLAP 0
-#endif
-// The next task's record copied to shared memory during this task's wait (an experiment, off
-// until measured; eval/PERF_NOTES.md item 128): records alternate between two shared slots,
-// warps 2.. copy record qi+1 while thread 0 polls for task qi, and the hint runs two records
-// ahead so that copy hits the L2. A task's turnover is then its release, the first poll and
-// the descriptors' copy beside it (AMK_TURNOVER_OVERLAP's), one barrier: no record round trip
-// and no barrier before the wait. The copy is done before the op starts (it ends before the
-// barrier after the wait), so nothing of it is in flight in front of the op's loads, which is
-// what lost in item 103 (the next record by cp.async during the op).
-#ifndef AMK_RECORD_IN_WAIT
-#define AMK_RECORD_IN_WAIT 0
-#endif
-
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
@@ -108,30 +87,6 @@ AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer
                            keep_going))
       return;
   }
-}
-
-// Copy a task record to shared memory, word i by thread tid with i = tid (mod nthr).
-AMK_DEVICE void amk_copy_record(AmkTask& dst, const AmkTask* src, unsigned tid, unsigned nthr) {
-  const int* from = (const int*)src;
-  for (int i = tid; i < (int)(sizeof(AmkTask) / 4); i += nthr) ((int*)&dst)[i] = from[i];
-}
-
-// Hint a task record into the L2 (one thread).
-AMK_DEVICE void amk_hint_record(const AmkTask* rec) {
-  const char* p = (const char*)rec;
-  for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(p + off);
-  amk_prefetch_l2(p + sizeof(AmkTask) - 1);
-}
-
-// Operand slot s's buffer descriptor moved to shared memory (slot s then names descriptor s),
-// so that the op's address arithmetic never waits on the buffer table; slots outside the
-// task's operands do nothing.
-AMK_DEVICE void amk_copy_descriptor(AmkTask& t, AmkTaskBuffers& tb, const AmkBuffer* __restrict__ bufs, int s) {
-  const int n_in = min(t.n_in, (int)AMK_MAX_INPUTS), n_ops = n_in + min(t.n_out, (int)AMK_MAX_OUTPUTS);
-  if (s < 0 || s >= n_ops) return;
-  AmkOperand& o = s < n_in ? t.in[s] : t.out[s - n_in];
-  tb.b[s] = bufs[o.buf];
-  o.buf = s;
 }
 
 // Thread 0 only: wait until every counter of the task has reached its threshold.
@@ -184,9 +139,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
                ) {
   AMK_DYNAMIC_SHARED(amk_dyn_smem);
   AMK_BLOCK_SHARED(AmkTask, s_task);
-#if AMK_RECORD_IN_WAIT
-  AMK_BLOCK_SHARED(AmkTask, s_task_alt);  // the other record slot (tasks q0 + 1, q0 + 3, ...)
-#endif
   AMK_BLOCK_SHARED(AmkTaskBuffers, s_bufs);
   AMK_BLOCK_SHARED(int, s_go);
   AMK_BLOCK_SHARED(int, s_waiting);
@@ -206,41 +158,17 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
   c.marks = nullptr;
 
   const int q0 = queue_start[blockIdx.x], q1 = queue_start[blockIdx.x + 1];
-#if AMK_TURNOVER_OVERLAP || AMK_RECORD_IN_WAIT
-  // (the experiments' turnover; the #else branch is the measured loop, kept as it was so that
-  // its build, the int4 one above all, compiles to the same code while they are off)
-  const int warp1 = AMK_WARP_SIZE % (int)blockDim.x;  // warp 1's first thread, not the waiter (thread 0 in one warp)
-  if (AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // then re-armed before each release's barrier
-#endif
   for (int qi = q0; qi < q1; ++qi) {
-#if AMK_TURNOVER_OVERLAP || AMK_RECORD_IN_WAIT
-#if AMK_RECORD_IN_WAIT
-    AmkTask& rec = (qi - q0) & 1 ? s_task_alt : s_task;
-    AmkTask& rec_next = (qi - q0) & 1 ? s_task : s_task_alt;
-    const bool copy_now = qi == q0;  // later records were copied during the previous task's wait
-#else
-    AmkTask& rec = s_task;
-    const bool copy_now = true;
-#endif
-    c.t = &rec;
-    const int ahead = AMK_RECORD_IN_WAIT ? 2 : 1;  // the record hinted: the next one copied from global memory
-    const bool hint = AMK_PREFETCH_NEXT_RECORD && (int)threadIdx.x == warp1 && qi + ahead < q1;
-    const int hinted = hint ? queue_tasks[qi + ahead] : 0;  // loaded beside this record's index
-    if (copy_now) amk_copy_record(rec, tasks + queue_tasks[qi], threadIdx.x, blockDim.x);
-    if (hint) amk_hint_record(tasks + hinted);
-    if (!AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // (read after the barrier)
-    if (copy_now) amk_syncthreads();
-    // the descriptors by warp 1 during the wait, slot s by thread 32 + s, so that their round
-    // trip overlaps the first poll's; the barrier after the wait publishes them
-    amk_copy_descriptor(rec, s_bufs, bufs, (int)threadIdx.x - warp1);
-    const int out_counter = rec.out_counter, out_scope = rec.out_scope;
-#else
     const int* src = (const int*)(tasks + queue_tasks[qi]);
     // (warp 1's first thread, not the waiter; thread 0 in a block of one warp)
     const bool hint_next = AMK_PREFETCH_NEXT_RECORD && threadIdx.x == AMK_WARP_SIZE % blockDim.x && qi + 1 < q1;
     const int next = hint_next ? queue_tasks[qi + 1] : 0;  // loaded beside this record's index
     for (int i = threadIdx.x; i < (int)(sizeof(AmkTask) / 4); i += blockDim.x) ((int*)&s_task)[i] = src[i];
-    if (hint_next) amk_hint_record(tasks + next);
+    if (hint_next) {
+      const char* rec = (const char*)(tasks + next);
+      for (int off = 0; off < (int)sizeof(AmkTask); off += 128) amk_prefetch_l2(rec + off);
+      amk_prefetch_l2(rec + sizeof(AmkTask) - 1);
+    }
     amk_syncthreads();
     // The task's buffer descriptors move to shared memory before the wait (operand slot s
     // reads descriptor s), so the op's address arithmetic never waits on the buffer table.
@@ -253,7 +181,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) s_waiting = 1;
     const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
     amk_syncthreads();
-#endif
 
     // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
     // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
@@ -270,20 +197,11 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (threadIdx.x == 0) {
       s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
       *(volatile int*)&s_waiting = 0;
-    } else {
-#if AMK_RECORD_IN_WAIT
-      // the next record into the other slot, by warps 2.. (by every thread but 0 in blocks of
-      // one or two warps): before any hint, and always whole (the next turnover reads it)
-      const int a0 = (int)blockDim.x > 2 * AMK_WARP_SIZE ? 2 * AMK_WARP_SIZE : 1;
-      if ((int)threadIdx.x >= a0 && qi + 1 < q1)
-        amk_copy_record(rec_next, tasks + queue_tasks[qi + 1], threadIdx.x - a0, blockDim.x - a0);
-#endif
-      if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
-        const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
-        for (int a = first; a < last; ++a)
-          amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
-                            &s_waiting);
-      }
+    } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
+      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+      for (int a = first; a < last; ++a)
+        amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
+                          &s_waiting);
     }
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) s_marks.met = amk_timer_ns();
@@ -292,7 +210,6 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     if (!s_go) break;
 
     amk_dispatch(c);
-    if (AMK_RECORD_IN_WAIT && threadIdx.x == 0) s_waiting = 1;  // the next wait's (no barrier before it)
     amk_syncthreads();
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) {
