@@ -41,7 +41,7 @@
 #define AMK_GEMV_COMBINE 0
 #endif
 // AMK_GEMV_I8_ZERO 1: an I8 weight may have a zero companion (ScheduleConfig.quant_asym), whose
-// term the GEMV adds after its rows (gemv.cuh amk_gemv_zero_term). Off unless the program has
+// term the GEMV's rows add per 32-column chunk of x (gemv.cuh amk_gemv_row_vec). Off unless the program has
 // one (knob_defines), so that the int8 builds' registers and code stay as they were.
 #ifndef AMK_GEMV_I8_ZERO
 #define AMK_GEMV_I8_ZERO 0

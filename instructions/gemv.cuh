@@ -56,7 +56,8 @@ AMK_DEVICE AmkXPad amk_xpad_of(const AmkTask& t) {
 // The words x takes (vm/loader.py gemv_x_words).
 AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k + (k >> p.shift) * p.pad); }
 
-// The U4 zero term needs sum(x) over each 32-column vector of codes (AmkWFmt<U4>::VEC).
+// The zero terms need sum(x) over 32-column chunks: a U4 vector of codes (AmkWFmt<U4>::VEC), or
+// two I8 vectors (AMK_GEMV_I8_ZERO; its groups are whole chunks, schedule/lower.py ZERO_CHUNK).
 #define AMK_XSUM_CHUNK 32
 
 // The epilogue operands the prologue stages (none when a REDUCE task runs the epilogue).
@@ -86,7 +87,7 @@ struct AmkGemvW {
   amk_i64 off, stride;  // elements: row r starts at off + r * stride
   const AmkBuffer* sb;  // scale tile (I8, U4) or nullptr
   amk_i64 soff, sstride;
-  const AmkBuffer* zb;  // zero tile (U4) or nullptr
+  const AmkBuffer* zb;  // zero tile (U4; I8 with AMK_GEMV_I8_ZERO) or nullptr
   amk_i64 zoff, zstride;
   int group, g0, k_lo;  // scale column of slice column c: (k_lo + c) / group - g0
 };
@@ -121,17 +122,17 @@ AMK_DEVICE bool amk_gemv_w_ok(const AmkGemvW& w) {
          ((dt == AMK_DTYPE_U4) == (w.zb != nullptr) || (AMK_GEMV_I8_ZERO && dt == AMK_DTYPE_I8));
 }
 
-// Does w's zero term come after the rows (an I8 weight with a zero: amk_gemv_zero_term)?
-AMK_DEVICE bool amk_gemv_zero_after(const AmkGemvW& w) {
-  return AMK_GEMV_I8_ZERO && w.zb != nullptr && w.wb->dtype == AMK_DTYPE_I8;
+// Does w carry a zero whose term the vector rows add from x's chunk sums (U4, and I8 with a
+// zero in AMK_GEMV_I8_ZERO builds)? The prologue then sums x over each 32-column chunk.
+AMK_DEVICE bool amk_gemv_needs_xsums(const AmkGemvW& w) {
+  return w.wb->dtype == AMK_DTYPE_U4 || (AMK_GEMV_I8_ZERO && w.zb != nullptr && w.wb->dtype == AMK_DTYPE_I8);
 }
 
-// Dequantize a code with the scale (and zero) of its group: I8 w = q*s; U4 w = q*s + z. (An I8
-// zero is not added here: the zero term of the whole slice follows the rows.)
+// Dequantize a code with the scale (and zero) of its group: w = q*s (+ z).
 AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
   if (w.sb == nullptr) return q;
   const float v = amk_mul(q, s);
-  return w.zb && !amk_gemv_zero_after(w) ? amk_add(v, z) : v;
+  return w.zb ? amk_add(v, z) : v;
 }
 
 AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
@@ -139,42 +140,6 @@ AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
 }
 AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
   return w.zb ? amk_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
-}
-
-// The zero term of I8 weights with a zero (w and, for a pair, w2): acc[r * m + j] += sum over
-// the slice's groups g of zero[r, g] * (the sum of x over g), each group's x sum from the x
-// sums of its 32-column chunks (the lowering gives such weights groups of whole chunks). A
-// warp takes AMK_ZERO_ROWS accumulators (row r, matrix j) at a time, its lanes over the
-// groups, so that their zero loads are in flight together; each sum is added in a fixed
-// order. Every row's sums are done (the caller's barrier), and its next barrier publishes these.
-#ifndef AMK_ZERO_ROWS
-#define AMK_ZERO_ROWS 8
-#endif
-AMK_DEVICE void amk_gemv_zero_term(const AmkGemvW& w, const AmkGemvW& w2, int m, const float* xsums, float* acc,
-                                   int rows, int K) {
-  const int groups = K / w.group, chunks = w.group / AMK_XSUM_CHUNK, n = rows * m;
-  for (int a0 = amk_warp() * AMK_ZERO_ROWS; a0 < n; a0 += amk_nwarps() * AMK_ZERO_ROWS) {  // warp-uniform
-    float s[AMK_ZERO_ROWS];
-#pragma unroll
-    for (int u = 0; u < AMK_ZERO_ROWS; ++u) s[u] = 0.0f;
-    for (int g = amk_lane(); g < groups; g += AMK_WARP_SIZE) {
-      float xg = 0.0f;
-      for (int ch = 0; ch < chunks; ++ch) xg += xsums[g * chunks + ch];
-      float z[AMK_ZERO_ROWS];
-#pragma unroll
-      for (int u = 0; u < AMK_ZERO_ROWS; ++u) {  // every load before the first use
-        const int a = a0 + u;
-        z[u] = a < n ? amk_w_zero(a % m == 0 ? w : w2, a / m, g * w.group) : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < AMK_ZERO_ROWS; ++u) s[u] += z[u] * xg;
-    }
-#pragma unroll
-    for (int u = 0; u < AMK_ZERO_ROWS; ++u) {
-      const float t = amk_warp_sum(s[u]);
-      if (amk_lane() == 0 && a0 + u < n) acc[a0 + u] += t;
-    }
-  }
 }
 
 // Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
@@ -219,9 +184,17 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
   if (base % 16 != 0) return false;
   grp = AmkGroupOf{0, 0};
   if (w.sb == nullptr) return true;
-  return w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_float_dtype(w.sb) && amk_float_dtype(w.zb) &&
+  // an I8 zero's term comes from whole 32-column chunks of the slice: the scalar path otherwise
+  const bool chunks = DT != AMK_DTYPE_I8 || w.zb == nullptr || (w.k_lo % AMK_XSUM_CHUNK == 0 && K % AMK_XSUM_CHUNK == 0);
+  return chunks && w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_float_dtype(w.sb) && amk_float_dtype(w.zb) &&
          amk_group_of<F::VEC>(w, K, grp);
 }
+
+// AMK_GEMV_I8_ZERO_AT_USE (an experiment for one device call): an I8 zero loaded where it is used
+// rather than with the codes (no spill on sm_90, where the early loads spill 24 / 44 B).
+#ifndef AMK_GEMV_I8_ZERO_AT_USE
+#define AMK_GEMV_I8_ZERO_AT_USE 0
+#endif
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
 // matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
@@ -250,7 +223,8 @@ AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {
   return q;
 }
 
-// One quantized vector's contribution: scale * sum(code * x) (+ zero * sum(x) for U4).
+// One quantized vector's contribution: scale * sum(code * x) (+ zero * sum(x) for U4; an I8
+// zero's term is added per 32-column chunk by amk_gemv_row_vec).
 // (raw: the vector's words rotated by rot.words; xv: the vector's x in natural order)
 template <int DT, class R>
 AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, float sc, float z, R rot) {
@@ -264,13 +238,16 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 // keep short rows' loads in flight together: with K = 576 one row is 72 vectors, so a warp
 // that walked its rows one at a time waited one memory latency per 1.1 KB. Quantized
 // weights load their vectors' scales (and zeros) with the codes, before the first use, and
-// apply them once per vector (xsums: the per-vector sums of xs, for the U4 zero term).
+// apply them once per vector (xsums: the sums of xs over 32-column chunks, for the zero terms:
+// a U4 vector is one chunk; an I8 one is half a chunk, and the even vector of each pair adds
+// its chunk's term, the zero being its group's, as the groups are whole chunks).
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
                                  AmkXPad xp, const float* xsums, int r, bool valid, int K, int L, int sub, float& a1,
                                  float& a2) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  constexpr bool ZI8 = AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8;  // (a weight without a zero reads 0)
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0, xstride = F::VEC + xp.pad;  // x floats a vector takes
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);  // this lane's order of x chunks (vec.cuh)
@@ -310,6 +287,10 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           if constexpr (Z) {
             z1[u] = zr1.raw(g);
             if (PAIR) z2[u] = zr2.raw(g);
+          } else if constexpr (ZI8 && !AMK_GEMV_I8_ZERO_AT_USE) {  // (only even vectors use theirs: v's parity is sub's, L being even)
+            const bool use = (v & 1) == 0;
+            z1[u] = use && zr1.p ? zr1.raw(g) : 0u;
+            if (PAIR) z2[u] = use && zr2.p ? zr2.raw(g) : 0u;
           }
         }
       }
@@ -327,6 +308,18 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           const float xsum = Z ? xsums[v] : 0.0f;
           s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
           if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+          if constexpr (ZI8) {
+            if ((v & 1) == 0) {  // (an empty zero row reads 0 bits: 0.0f in every float dtype)
+              const float cx = xsums[v >> 1];
+              if (AMK_GEMV_I8_ZERO_AT_USE) {  // an experiment: no registers held, a dependent load
+                const int g = grp(v);
+                z1[u] = zr1.p ? zr1.raw(g) : 0u;
+                if (PAIR) z2[u] = zr2.p ? zr2.raw(g) : 0u;
+              }
+              s1 += zr1.value(z1[u]) * cx;
+              if (PAIR) s2 += zr2.value(z2[u]) * cx;
+            }
+          }
         } else {
 #pragma unroll
           for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
@@ -522,7 +515,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
-  if (w.wb->dtype == AMK_DTYPE_U4 || amk_gemv_zero_after(w)) {  // sums of xs over each 32 columns, a warp each
+  if (amk_gemv_needs_xsums(w)) {  // sums of xs over each 32 columns, a warp each
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
       const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[xp.at(v * AMK_XSUM_CHUNK + amk_lane())] : 0.0f);
       if (amk_lane() == 0) xsums[v] = sum;
@@ -543,14 +536,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   amk_syncthreads();
-  if (amk_gemv_zero_after(w)) {
-    if (w.group % AMK_XSUM_CHUNK != 0 || K % w.group != 0) {  // (the lowering never makes such a task)
-      if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.group, K);
-      return;
-    }
-    amk_gemv_zero_term(w, w2, m, xsums, acc, rows, K);
-    amk_syncthreads();
-  }
   amk_trace_mark(c, 1);  // rows done
 
   if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
