@@ -195,6 +195,9 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
 #ifndef AMK_GEMV_I8_ZERO_AT_USE
 #define AMK_GEMV_I8_ZERO_AT_USE 0
 #endif
+#ifndef AMK_GEMV_XSUM_OLD
+#define AMK_GEMV_XSUM_OLD 0
+#endif
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
 // matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
@@ -453,6 +456,27 @@ AMK_DEVICE void amk_gemv_combine_x(const AmkCtx& c, AmkCombineShape cs, float* x
   if (!amk_float_dispatch(pb.dtype, out) && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
 }
 
+// xsums[v] = the sum of xs over columns 32v..32v+31, for each whole chunk v < K / 32. A lane
+// adds 8 columns (two 16-byte loads: x's padding, if any, comes after 16 or 32 columns, so the
+// 8 are contiguous and aligned) and 4 lanes a chunk by two shuffles: a warp takes 8 chunks at
+// once (a 32-lane warp; 16 on a 64-lane one). Before, a warp took one chunk at a time, each by a
+// five-shuffle reduction: 32 such rounds a warp for the 8192 columns of a 1B down task.
+AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K) {
+  constexpr int per_lane = 8, lanes = AMK_XSUM_CHUNK / per_lane;
+  const int chunks = K / AMK_XSUM_CHUNK, span = AMK_WARP_SIZE / lanes;  // chunks a warp takes at once
+  for (int c0 = amk_warp() * span; c0 < chunks; c0 += amk_nwarps() * span) {  // warp-uniform
+    const int v = c0 + amk_lane() / lanes;
+    float sum = 0.0f;
+    if (v < chunks) {
+      const float4* p = (const float4*)(xs + xp.at(v * AMK_XSUM_CHUNK + (amk_lane() % lanes) * per_lane));
+      const float4 a = p[0], b = p[1];
+      sum = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+    }
+    for (int m = lanes / 2; m > 0; m >>= 1) sum += amk_shfl_xor(sum, m);
+    if (v < chunks && amk_lane() % lanes == 0) xsums[v] = sum;
+  }
+}
+
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
@@ -515,11 +539,15 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
-  if (amk_gemv_needs_xsums(w)) {  // sums of xs over each 32 columns, a warp each
+  if (amk_gemv_needs_xsums(w)) {
+#if AMK_GEMV_XSUM_OLD  // (the old pass, for one device call's A/B)
     for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
       const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[xp.at(v * AMK_XSUM_CHUNK + amk_lane())] : 0.0f);
       if (amk_lane() == 0) xsums[v] = sum;
     }
+#else
+    amk_gemv_xsums(xs, xp, xsums, K);
+#endif
     amk_syncthreads();
   }
   amk_trace_mark(c, 0);  // prologue done
