@@ -190,15 +190,6 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
          amk_group_of<F::VEC>(w, K, grp);
 }
 
-// AMK_GEMV_I8_ZERO_AT_USE (an experiment for one device call): an I8 zero loaded where it is used
-// rather than with the codes (no spill on sm_90, where the early loads spill 24 / 44 B).
-#ifndef AMK_GEMV_I8_ZERO_AT_USE
-#define AMK_GEMV_I8_ZERO_AT_USE 0
-#endif
-#ifndef AMK_GEMV_XSUM_OLD
-#define AMK_GEMV_XSUM_OLD 0
-#endif
-
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
 // matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
 template <int DT, bool PAIR>
@@ -290,7 +281,9 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           if constexpr (Z) {
             z1[u] = zr1.raw(g);
             if (PAIR) z2[u] = zr2.raw(g);
-          } else if constexpr (ZI8 && !AMK_GEMV_I8_ZERO_AT_USE) {  // (only even vectors use theirs: v's parity is sub's, L being even)
+          } else if constexpr (ZI8) {  // with the codes: loaded at its use instead (no spill on sm_90, where
+            // this spills 24 / 44 B), the 1B was 5 % slower (eval/PERF_NOTES.md item 132); only even
+            // vectors use theirs (v's parity is sub's, L being even)
             const bool use = (v & 1) == 0;
             z1[u] = use && zr1.p ? zr1.raw(g) : 0u;
             if (PAIR) z2[u] = use && zr2.p ? zr2.raw(g) : 0u;
@@ -314,11 +307,6 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           if constexpr (ZI8) {
             if ((v & 1) == 0) {  // (an empty zero row reads 0 bits: 0.0f in every float dtype)
               const float cx = xsums[v >> 1];
-              if (AMK_GEMV_I8_ZERO_AT_USE) {  // an experiment: no registers held, a dependent load
-                const int g = grp(v);
-                z1[u] = zr1.p ? zr1.raw(g) : 0u;
-                if (PAIR) z2[u] = zr2.p ? zr2.raw(g) : 0u;
-              }
               s1 += zr1.value(z1[u]) * cx;
               if (PAIR) s2 += zr2.value(z2[u]) * cx;
             }
@@ -460,7 +448,8 @@ AMK_DEVICE void amk_gemv_combine_x(const AmkCtx& c, AmkCombineShape cs, float* x
 // adds 8 columns (two 16-byte loads: x's padding, if any, comes after 16 or 32 columns, so the
 // 8 are contiguous and aligned) and 4 lanes a chunk by two shuffles: a warp takes 8 chunks at
 // once (a 32-lane warp; 16 on a 64-lane one). Before, a warp took one chunk at a time, each by a
-// five-shuffle reduction: 32 such rounds a warp for the 8192 columns of a 1B down task.
+// five-shuffle reduction: 32 such rounds a warp for the 8192 columns of a 1B down task (int4 1B
+// 1468.7 -> 1395.3 us, -5.0 %, paired; eval/PERF_NOTES.md item 133).
 AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K) {
   constexpr int per_lane = 8, lanes = AMK_XSUM_CHUNK / per_lane;
   const int chunks = K / AMK_XSUM_CHUNK, span = AMK_WARP_SIZE / lanes;  // chunks a warp takes at once
@@ -540,14 +529,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
   if (amk_gemv_needs_xsums(w)) {
-#if AMK_GEMV_XSUM_OLD  // (the old pass, for one device call's A/B)
-    for (int v = amk_warp(); v < K / AMK_XSUM_CHUNK; v += amk_nwarps()) {
-      const float sum = amk_warp_sum(amk_lane() < AMK_XSUM_CHUNK ? xs[xp.at(v * AMK_XSUM_CHUNK + amk_lane())] : 0.0f);
-      if (amk_lane() == 0) xsums[v] = sum;
-    }
-#else
     amk_gemv_xsums(xs, xp, xsums, K);
-#endif
     amk_syncthreads();
   }
   amk_trace_mark(c, 0);  // prologue done

@@ -42,7 +42,10 @@ def test_nvcc_compiles_without_warnings(arch):
 # growth, which any change to an op can cause (a combine change once took it to 80 / 208, a
 # finer int4 x rotation to 40 / 108). sm_80 is the tightest arch for most builds, sm_90 the
 # one the H100 runs.
-SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104)}
+# The asymmetric int8 build's zeros, loaded with the codes, spill 24 / 44 B on sm_90; loaded at
+# their use instead they spilled nothing but cost the 1B 5 % (item 132).
+SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104),
+                 (80, "int8_asym"): (0, 0), (90, "int8_asym"): (24, 44)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
