@@ -197,12 +197,12 @@ def test_device_memory_accounts_for_every_buffer():
 # VM defines that change how the scheduler loop or an op computes, never what: a build with each
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
 # builds, against its off; eval/PERF_NOTES.md items 126 and 131)
-SAME_BITS_EXPERIMENTS = ["AMK_COMBINE_EARLY=0"]
+SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0"]
 
 
-@pytest.mark.parametrize("defines", SAME_BITS_EXPERIMENTS)
+@pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
-def test_experiment_defines_give_the_same_bits(monkeypatch, model, defines):
+def test_same_bits_defines(monkeypatch, model, defines):
     """A bf16 model (its specialized build, as benches run it) over 40 steps, each a launch,
     with 4 attention splits of 8-position blocks (3 of them hold rows by the end, so the
     combine sums real splits): logits bit-identical with and without the experiment, and
