@@ -60,6 +60,15 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 // two I8 vectors (AMK_GEMV_I8_ZERO; its groups are whole chunks, schedule/lower.py ZERO_CHUNK).
 #define AMK_XSUM_CHUNK 32
 
+// AMK_QCOMP_DTYPE: the one float dtype of every scale and zero of the program, where the loader
+// knows it (knob_defines), so that a companion's load and conversion compile to one load and
+// one shift instead of a dtype test, two predicated loads and a select; -1 (the default):
+// tested at run time. A weight whose companions are of another dtype takes the scalar path
+// (amk_gemv_vec_ok), so a wrong define costs speed, never results.
+#ifndef AMK_QCOMP_DTYPE
+#define AMK_QCOMP_DTYPE -1
+#endif
+
 // The epilogue operands the prologue stages (none when a REDUCE task runs the epilogue).
 AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
@@ -173,6 +182,9 @@ AMK_DEVICE bool amk_group_of(const AmkGemvW& w, int K, AmkGroupOf& g) {
 AMK_DEVICE bool amk_float_dtype(const AmkBuffer* b) {  // or no buffer
   return b == nullptr || b->dtype == AMK_DTYPE_F32 || b->dtype == AMK_DTYPE_BF16 || b->dtype == AMK_DTYPE_F16;
 }
+AMK_DEVICE bool amk_qcomp_dtype(const AmkBuffer* b) {  // a companion the vector rows can read (or none)
+  return amk_float_dtype(b) && (AMK_QCOMP_DTYPE < 0 || b == nullptr || b->dtype == AMK_QCOMP_DTYPE);
+}
 
 // Can every row of this matrix be streamed with aligned 16-byte vectors, one scale per vector?
 // If so (and it is quantized), `grp` maps the slice's vectors to their scale columns.
@@ -186,7 +198,7 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
   if (w.sb == nullptr) return true;
   // an I8 zero's term comes from whole 32-column chunks of the slice: the scalar path otherwise
   const bool chunks = DT != AMK_DTYPE_I8 || w.zb == nullptr || (w.k_lo % AMK_XSUM_CHUNK == 0 && K % AMK_XSUM_CHUNK == 0);
-  return chunks && w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_float_dtype(w.sb) && amk_float_dtype(w.zb) &&
+  return chunks && w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_qcomp_dtype(w.sb) && amk_qcomp_dtype(w.zb) &&
          amk_group_of<F::VEC>(w, K, grp);
 }
 
@@ -203,11 +215,12 @@ struct AmkGemvUnroll {
 struct AmkQRow {
   const char* p;
   int dt;
+  AMK_DEVICE int dtype() const { return AMK_QCOMP_DTYPE >= 0 ? AMK_QCOMP_DTYPE : dt; }
   AMK_DEVICE unsigned raw(int g) const {
-    return dt == AMK_DTYPE_F32 ? ((const unsigned*)p)[g] : ((const unsigned short*)p)[g];
+    return dtype() == AMK_DTYPE_F32 ? ((const unsigned*)p)[g] : ((const unsigned short*)p)[g];
   }
   AMK_DEVICE float value(unsigned r) const {
-    return dt == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dt, (unsigned short)r);
+    return dtype() == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dtype(), (unsigned short)r);
   }
 };
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {

@@ -165,7 +165,10 @@ def test_knob_defines_follow_the_program():
     prog, _ = lowered("llama-gqa-tied")
     assert loader.knob_defines(prog) == {"AMK_PREFETCH_KB": 64}  # 'auto' unrolls: the architecture's default
     prog, _ = lowered("llama-gqa-tied", quant="int8", quant_unpack=2, gemv_unroll=4, prefetch_kb=128)
-    assert loader.knob_defines(prog) == {"AMK_GEMV_UNROLL": 4, "AMK_PREFETCH_KB": 128, "AMK_Q_UNPACK": 2}
+    assert loader.knob_defines(prog) == {"AMK_GEMV_UNROLL": 4, "AMK_PREFETCH_KB": 128, "AMK_Q_UNPACK": 2,
+                                         "AMK_QCOMP_DTYPE": int(DType.F32)}  # every scale F32 (an fp32 program)
+    bf16, _ = lowered("llama-gqa-tied", dtype="bfloat16", quant="int4")
+    assert loader.knob_defines(bf16)["AMK_QCOMP_DTYPE"] == int(DType.F16)
     gemv = next(t for t in prog.tasks if t.params.op == Op.GEMV and t.params.unpack == 2)
     prog = prog.with_tasks(gemv.replace(params=gemv.params.replace(unpack=1)))  # two strategies: one build cannot run both
     with pytest.raises(loader.VMRefused, match="unpack strategies"):

@@ -175,6 +175,17 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
+@pytest.mark.parametrize("cfg", [dict(quant="int4"), dict(quant="int8", quant_asym=True)])
+def test_companion_dtype_define_that_does_not_match_takes_the_scalar_path(emu, monkeypatch, cfg):
+    """AMK_QCOMP_DTYPE names the one dtype of every scale and zero (knob_defines); a weight whose
+    companions are of another dtype (here F32 scales under a BF16 define) takes the scalar path:
+    the same results, only slower, never companions misread."""
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_QCOMP_DTYPE={int(DType.BF16)}")
+    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, quant_group=32, **cfg)
+    assert knob_defines(prog)["AMK_QCOMP_DTYPE"] == int(DType.F32)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_lowered_model_unpack_strategies(emu, quant):
     """Both ways of turning codes into floats (ScheduleConfig.quant_unpack: a build define)

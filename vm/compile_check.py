@@ -30,10 +30,11 @@ DEFAULT_THREADS = 256
 # more registers there than in the everything build above, so these are checked for spills too.
 LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0}
 SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
-               "int8": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
-               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights
+               "int8": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
+               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
-               "int8_asym": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, **LLAMA_FEATURES}}
+               "int8_asym": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
+                             **LLAMA_FEATURES}}
 
 
 def nvcc_path() -> str | None:

@@ -402,8 +402,9 @@ def knob_defines(program: Program) -> dict[str, int]:
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
-    the attention combine prologue, and AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (the
-    zero-term pass), which no build compiles unless asked (common.cuh, gemv.cuh)."""
+    the attention combine prologue, AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
+    in the rows), which no build compiles unless asked (common.cuh, gemv.cuh), and
+    AMK_QCOMP_DTYPE where every scale and zero has one dtype (gemv.cuh AmkQRow)."""
     vm_meta = _vm_meta(program)
     out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
@@ -419,6 +420,10 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_COMBINE"] = 1
     if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
         out["AMK_GEMV_I8_ZERO"] = 1
+    by_id = {b.id: b for b in program.buffers}
+    companions = {by_id[i].dtype for b in program.buffers for i in (b.scale, b.zero) if i is not None}
+    if len(companions) == 1:  # every scale and zero of one dtype: their loads skip the dtype test
+        out["AMK_QCOMP_DTYPE"] = int(companions.pop())
     return out
 
 
