@@ -175,6 +175,15 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
+@pytest.mark.parametrize("cfg", [dict(quant="int4"), dict(quant="int8"), dict(quant="int8", quant_asym=True)])
+def test_lowered_half_precision_quantized_model(emu, cfg):
+    """A bf16 program's quantized GEMVs read F16 scales and zeros, which knob_defines names
+    (AMK_QCOMP_DTYPE = F16) so that the rows convert them without a run-time dtype test."""
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant_group=32, **cfg)
+    assert knob_defines(prog)["AMK_QCOMP_DTYPE"] == int(DType.F16)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
 @pytest.mark.parametrize("cfg", [dict(quant="int4"), dict(quant="int8", quant_asym=True)])
 def test_companion_dtype_define_that_does_not_match_takes_the_scalar_path(emu, monkeypatch, cfg):
     """AMK_QCOMP_DTYPE names the one dtype of every scale and zero (knob_defines); a weight whose
