@@ -159,6 +159,19 @@ def test_instructions_by_source_groups_by_enclosing_function():
     assert counts == {("common.cuh", "amk_a"): 2, ("common.cuh", "amk_b"): 1, ("other.hpp", "?"): 1}
 
 
+def test_spill_sites_counts_marked_local_accesses_by_line():
+    disasm = "\n".join([
+        '\t//## File "/src/instructions/gemv.cuh", line 38',
+        '        /*0000*/                   STL [R1+0x2c], R0                   (*"SpillRefill"*);',
+        "        /*0010*/                   STL [R1+0x18], R18 ;",  # a local array, not a spill
+        '\t//## File "/src/vm/megakernel.cu", line 160',
+        '        /*0020*/                   LDL R7, [R1+0x2c]                   (*"SpillRefill"*);',
+        '        /*0030*/               @P0 LDL.64 R8, [R1+0x30]                (*"SpillRefill"*);',
+        "        /*0040*/                   FADD R2, R3, R4 ;",
+    ])
+    assert compile_check.spill_sites(disasm) == {("gemv.cuh", 38): 1, ("megakernel.cu", 160): 2}
+
+
 def test_knob_defines_follow_the_program():
     from vm_cases import lowered
 

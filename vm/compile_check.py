@@ -102,8 +102,14 @@ def elf_text_bytes(data: bytes) -> int:
 
 
 def _cubin(arch: int, threads: int, defines: dict | None, root: Path | None, tmp: str, lineinfo: bool = False) -> Path:
+    """The megakernel's cubin, to measure (code size, disassembly): warnings, spills among them,
+    do not stop it (nvcc_compile is the check that refuses them)."""
     out = Path(tmp) / "megakernel.cubin"
     cmd = [c if c != "-c" else "-cubin" for c in nvcc_command(_nvcc(), arch, out, threads, defines, root)]
+    for flag, arg in (("-Werror", "all-warnings"), ("-Xptxas", "-warn-spills")):
+        at = next((i for i in range(len(cmd) - 1) if cmd[i:i + 2] == [flag, arg]), None)
+        if at is not None:
+            del cmd[at:at + 2]
     if lineinfo:
         cmd.insert(2, "-lineinfo")  # source lines only: the same SASS
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -156,26 +162,53 @@ def instructions_by_source(disasm: str, sources: dict[str, str]) -> dict[tuple[s
 
 
 def nvdisasm_path() -> str | None:
+    """nvdisasm on PATH, beside nvcc, or from pip's nvidia-cuda-nvdisasm wheel (nvidia/cu*/bin)."""
     found = shutil.which("nvdisasm")
     nvcc = nvcc_path()
     beside = Path(nvcc).parent / "nvdisasm" if nvcc else None
-    return found or (str(beside) if beside and beside.exists() else None)
+    if found or (beside and beside.exists()):
+        return found or str(beside)
+    try:
+        import nvidia  # a namespace package of NVIDIA's pip wheels
+    except ImportError:
+        return None
+    wheel = [p for d in nvidia.__path__ for p in sorted(Path(d).glob("cu*/bin/nvdisasm"))]
+    return str(wheel[0]) if wheel else None
+
+
+def _disassemble(arch: int, threads: int, defines: dict | None, root: Path | None) -> str:
+    """nvdisasm --print-line-info of the megakernel for `arch` (nvcc -cubin -lineinfo)."""
+    tool = nvdisasm_path()
+    if tool is None:
+        raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm: "
+                                "`pip install nvidia-cuda-nvdisasm`)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)
+        return subprocess.run([tool, "--print-line-info", "-c", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def spill_sites(disasm: str) -> dict[tuple[str, int], int]:
+    """The spill stores and refills (the STL / LDL that nvdisasm marks "SpillRefill") per source
+    (file name, line): whether a spill sits in a hot loop or on a cold path."""
+    counts: dict[tuple[str, int], int] = {}
+    where = ("?", 0)
+    for line in disasm.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if m:
+            where = (Path(m.group(1)).name, int(m.group(2)))
+        elif "SpillRefill" in line and re.search(r"\b(STL|LDL)(\.\w+)*\b", line):
+            counts[where] = counts.get(where, 0) + 1
+    return counts
 
 
 def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                    root: Path | None = None) -> dict[tuple[str, str], int]:
     """Instructions of the megakernel per (source file, function): what makes the code large
     (nvcc -cubin -lineinfo, then nvdisasm --print-line-info)."""
-    tool = nvdisasm_path()
-    if tool is None:
-        raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm on PATH)")
     dirs = _source_dirs(root)
     sources = {f.name: f.read_text() for d in dirs for f in sorted(d.iterdir()) if f.suffix in (".cu", ".cuh", ".h")}
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)
-        disasm = subprocess.run([tool, "--print-line-info", "-c", str(cubin)], capture_output=True, text=True,
-                                check=True).stdout
-    return instructions_by_source(disasm, sources)
+    return instructions_by_source(_disassemble(arch, threads, defines, root), sources)
 
 
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -218,6 +251,9 @@ def main(argv: list[str]) -> int:
                     help="also print each build's machine-code bytes (nvcc -cubin; the instruction-cache footprint)")
     ap.add_argument("--by-source", type=int, default=0, metavar="N",
                     help="also print the N (file, function) pairs with the most instructions (needs nvdisasm)")
+    ap.add_argument("--spill-sites", action="store_true",
+                    help="also print the source lines of the spill stores and refills (needs nvdisasm): "
+                         "a spill on a cold path costs nothing, one in a loop does")
     ap.add_argument("--sources", default=None, metavar="DIR",
                     help="check and measure the tree at DIR (its vm/ and instructions/) instead of this one, "
                          "e.g. an older commit's `git archive`")
@@ -240,6 +276,11 @@ def main(argv: list[str]) -> int:
         print(f"sm_{arch}{tag}: {total:,} instructions; the largest (file: function):")
         for (f, fn), n in sorted(counts.items(), key=lambda kv: -kv[1])[:a.by_source]:
             print(f"  {n:7,}  {n / total * 100:5.1f} %  {f}: {fn}")
+    for arch in archs if a.spill_sites else ():
+        sites = spill_sites(_disassemble(arch, DEFAULT_THREADS, defines, a.sources))
+        print(f"sm_{arch}{tag}: {sum(sites.values())} spill stores and refills" + (":" if sites else ""))
+        for (f, line), n in sorted(sites.items()):
+            print(f"  {n:4}  {f}:{line}")
     return status
 
 
