@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-PROMPT = "The three primary colors are"  # amk.eval.quant_quality.PROMPT
+from amk.eval.quant_quality import PROMPT
 
 
 def sym_int8(w: torch.Tensor, group: int) -> torch.Tensor:

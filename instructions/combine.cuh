@@ -52,6 +52,11 @@ AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* l
 // at a time with 16-byte loads; with fewer (ATTN_COMBINE: one output a thread) each thread
 // keeps its output's AMK_SPLIT_SUM_UNROLL split loads in flight at once, one round trip for
 // up to 16 splits where the vector loop's batches would take two.
+// The split layout both loops read: split k of output i at off + i + k * step (in its group)
+// where the partials are one run of n = qh * hd elements a split (or one run for all).
+AMK_DEVICE amk_i64 amk_split_step(const AmkOperand& po, amk_i64 n) { return po.count <= 1 ? n : po.stride; }
+AMK_DEVICE bool amk_split_runs(const AmkOperand& po, amk_i64 n) { return po.count <= 1 || po.len == n; }
+
 template <class Store>
 struct AmkCombineOutputs {
   amk_u64 ptr;
@@ -62,8 +67,8 @@ struct AmkCombineOutputs {
   Store store;
   template <int DT>
   AMK_DEVICE void run() const {
-    const amk_i64 n = (amk_i64)s.qh * s.hd, step = po.count <= 1 ? n : po.stride;
-    const bool runs = po.count <= 1 || po.len == n;
+    const amk_i64 n = (amk_i64)s.qh * s.hd, step = amk_split_step(po, n);
+    const bool runs = amk_split_runs(po, n);
     const bool many = s.heads() * s.hd >= 4 * (int)blockDim.x;
     if (DT == AMK_DTYPE_F32 && many && runs && s.hd % 4 == 0 && step % 4 == 0 && (ptr + 4 * po.off) % 16 == 0) {
       for (int j = threadIdx.x; j < s.heads() * s.hd / 4; j += blockDim.x) sum4(j * 4, step);
@@ -125,10 +130,10 @@ struct AmkCombineHeld {
   AMK_DEVICE static bool fits(const AmkBuffer& pb, const AmkOperand& po, AmkCombineShape s) {
     const amk_i64 n = (amk_i64)s.qh * s.hd;
     return AMK_COMBINE_EARLY && s.groups == 1 && n <= (amk_i64)blockDim.x && s.splits <= AMK_SPLIT_SUM_UNROLL &&
-           pb.dtype == AMK_DTYPE_F32 && (po.count <= 1 || po.len == n);
+           pb.dtype == AMK_DTYPE_F32 && amk_split_runs(po, n);
   }
   AMK_DEVICE void load(amk_u64 ptr, const AmkOperand& po, AmkCombineShape s, int i) {
-    const amk_i64 n = (amk_i64)s.qh * s.hd, step = po.count <= 1 ? n : po.stride;
+    const amk_i64 step = amk_split_step(po, (amk_i64)s.qh * s.hd);
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
       if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];

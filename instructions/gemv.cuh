@@ -294,9 +294,10 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           if constexpr (Z) {
             z1[u] = zr1.raw(g);
             if (PAIR) z2[u] = zr2.raw(g);
-          } else if constexpr (ZI8) {  // with the codes: loaded at its use instead (no spill on sm_90, where
-            // this spills 24 / 44 B), the 1B was 5 % slower (eval/PERF_NOTES.md item 132); only even
-            // vectors use theirs (v's parity is sub's, L being even)
+          } else if constexpr (ZI8) {
+            // loaded with the codes (at its use instead, sm_90's 24 / 44 B spill goes but the 1B was
+            // 5 % slower: eval/PERF_NOTES.md item 132); only even vectors use theirs (v's parity is
+            // sub's, L being even)
             const bool use = (v & 1) == 0;
             z1[u] = use && zr1.p ? zr1.raw(g) : 0u;
             if (PAIR) z2[u] = use && zr2.p ? zr2.raw(g) : 0u;

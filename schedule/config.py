@@ -224,8 +224,9 @@ class ScheduleConfig(BaseModel):
         "max] with a scale and a zero (w = code x scale + zero, as int4 always has) instead of "
         "+-absmax: a one-sided group gets half the step, and a group already on a 4-bit grid (a "
         "Q4_1 checkpoint, such as the embedded SmolLM2: 64/64 greedy tokens at group 32, "
-        "eval/PERF_NOTES.md item 129) is represented exactly. Costs a zero a group and a "
-        "zero-term pass after each GEMV's rows. Needs groups of whole 32-column chunks "
+        "eval/PERF_NOTES.md item 129) is represented exactly. Costs a zero a group, loaded "
+        "with the scales, and x's sums over 32-column chunks in each GEMV's prologue (the 1B 15.5 percent "
+        "slower than symmetric int8, eval/PERF_NOTES.md item 133). Needs groups of whole 32-column chunks "
         "(quant_group 32/64/128, or 'channel' on matrices whose K is a multiple of 32).",
     )
     quant_lm_head: bool = Field(

@@ -205,7 +205,7 @@ SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0"]
 def test_same_bits_defines(monkeypatch, model, defines):
     """A bf16 model (its specialized build, as benches run it) over 40 steps, each a launch,
     with 4 attention splits of 8-position blocks (3 of them hold rows by the end, so the
-    combine sums real splits): logits bit-identical with and without the experiment, and
+    combine sums real splits): logits bit-identical with and without the define, and
     within tolerance of the ReferenceVM in fp32 (so both builds are right, not only alike)."""
     cfg = dict(kv_splits=4, kv_block=8)
     prog, t = lowered(model, dtype="bfloat16", **cfg)
