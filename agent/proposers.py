@@ -127,6 +127,7 @@ class SearchSpace:
             Dim("rope_multi_run", BOOL, ordered=False),
             Dim("kv_head_counters", BOOL, ordered=False),
             Dim("fuse_attn_combine", BOOL, ordered=False),
+            Dim("o_proj_kv_slices", (0, 1, 2, 4)),  # a count the model's KV heads refuse: an error trial
             Dim("fuse_residual", BOOL, ordered=False),
             Dim("fuse_silu_mul", BOOL, ordered=False),
             Dim("quant", ("none", "int8", "int4"), ordered=False),
@@ -155,6 +156,9 @@ class SearchSpace:
             d["quant_group"] = 128
         if d.get("quant") != "int8":
             d["quant_asym"] = False
+        if d.get("split_k", 1) > 1 or not d.get("fuse_norm", True) or not d.get("fuse_residual", True) \
+                or d.get("fuse_attn_combine"):
+            d["o_proj_kv_slices"] = 0
         if d.get("sm_assignment") == "explicit" and not d.get("explicit_queues"):
             d["sm_assignment"] = "lpt"
         if d.get("sm_assignment") != "explicit":

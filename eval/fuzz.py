@@ -155,6 +155,11 @@ def random_config(rng: random.Random) -> dict:
     cfg["fuse_attn_combine"] = rng.random() < 0.5  # likewise
     if quant == "int8":
         cfg["quant_asym"] = rng.random() < 0.5  # likewise (I8 weights with a zero companion)
+    # likewise: the o-proj in K slices of KV heads, read with x by the MLP (where the config allows it;
+    # a count that does not divide the model's KV heads is a lowering refusal, drawn again)
+    slices, on = rng.choice([1, 2, 3, 4]), rng.random() < 0.5
+    if on and cfg["split_k"] == 1 and cfg["fuse_norm"] and cfg["fuse_residual"] and not cfg["fuse_attn_combine"]:
+        cfg["o_proj_kv_slices"] = slices
     return cfg
 
 

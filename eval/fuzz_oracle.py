@@ -326,9 +326,10 @@ def _contract(p, rin: list[str], rout: list[str], wbuf: Optional[ir.Buffer]) -> 
             return want
         span = p.k_hi - p.k_lo
         want.update({"w": (span, p.rows, p.k), "w2": (span, p.rows, p.k), "gamma": one(p.k),
-                     "x": one(p.k if p.norm_eps is not None else span)})
-        if p.combine_splits > 0 and p.combine_head_dim > 0:  # x from every KV head's attention partials
-            heads = p.k // p.combine_head_dim
+                     "x": one(p.k if p.norm_eps is not None else span),
+                     "x_part": (p.k, p.x_partials, None), "res_part": (p.rows, p.residual_partials, None)})
+        if p.combine_splits > 0 and p.combine_head_dim > 0:  # x from the attention partials of the slice's KV heads
+            heads = span // p.combine_head_dim
             want.update({"o": one(heads * p.combine_splits * p.combine_head_dim), "ml": one(heads * p.combine_splits * 2)})
         if wbuf is not None and wbuf.dtype in QUANT:
             g = wbuf.group or 0

@@ -46,6 +46,12 @@
 #ifndef AMK_GEMV_I8_ZERO
 #define AMK_GEMV_I8_ZERO 0
 #endif
+// AMK_GEMV_PARTIALS 1: a GEMV may read x or its residual together with split-K partials
+// (ir.GemvParams x_partials / residual_partials, ScheduleConfig.o_proj_kv_slices). Off unless the
+// program has such a GEMV (knob_defines), so that other builds' code stays as it was.
+#ifndef AMK_GEMV_PARTIALS
+#define AMK_GEMV_PARTIALS 0
+#endif
 #define AMK_WITH_OP(op) ((((AMK_OPS) >> (op)) & 1) != 0)
 #define AMK_WITH_EPILOGUE(e) ((((AMK_EPILOGUES) >> (e)) & 1) != 0)
 

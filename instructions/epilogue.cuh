@@ -32,9 +32,26 @@ AMK_DEVICE AmkEpiStage amk_epi_stage_of(const AmkTask& t) {
   return s;
 }
 
+// Residual row i of an ADD epilogue; with split-K partials (ir.GemvParams residual_partials)
+// rnd(residual + rnd(sum_s part[s])), as the REDUCE they replace would have stored it (rnd: the
+// residual's dtype). The residual's and the partials' loads are independent: one round trip for
+// up to AMK_X_PARTS_UNROLL partials. (A GEMV's epilogue reads its residual staged: amk_epi_stage_word.)
+AMK_DEVICE float amk_residual_at(const AmkCtx& c, amk_i64 i) {
+  const AmkOperand& res = amk_in(c, AMK_ROLE_RESIDUAL);
+  const float v = amk_in_at(c, res, i);
+  if (!AMK_GEMV_PARTIALS || !amk_has(c, AMK_ROLE_RES_PART)) return v;
+  const AmkOperand& part = amk_in(c, AMK_ROLE_RES_PART);
+  const amk_u64 ptr = amk_buf(c, part).ptr;
+  const float s = amk_ordered_sum<AMK_X_PARTS_UNROLL>(
+      part.count, [&](int k) { return amk_load_as<AMK_DTYPE_F32>(ptr, part.off + (amk_i64)k * part.stride + i); },
+      [](int, float p) { return p; });
+  const int dt = amk_buf(c, res).dtype;
+  return amk_round(dt, amk_add(v, amk_round(dt, s)));
+}
+
 // Staged word i < s.words(), read from its operand (the position as an int's bits).
 AMK_DEVICE float amk_epi_stage_word(const AmkCtx& c, const AmkEpiStage& s, int i) {
-  if (i < s.n_res) return amk_in_at(c, amk_in(c, AMK_ROLE_RESIDUAL), i);
+  if (i < s.n_res) return amk_residual_at(c, i);
   if (i < s.n_res + s.n_bias) return amk_in_at(c, amk_in(c, AMK_ROLE_BIAS), i - s.n_res);
   if (i < s.values()) return amk_in_at(c, amk_in(c, AMK_ROLE_INV_FREQ), i - s.n_res - s.n_bias);
   return __int_as_float(amk_read_pos(c, amk_in(c, AMK_ROLE_POS)));
@@ -73,7 +90,8 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
         float a = acc[r];
         if (bias) a = amk_add(a, bias_at(r));
         a = amk_round(dt, a);
-        if (res) a = amk_add(staged ? staged[r] : amk_in_at(c, *res, r), a);  // read before the (in-place) store
+        // (read before the in-place store; unstaged only in a REDUCE, which has no residual partials)
+        if (res) a = amk_add(staged ? staged[r] : amk_in_at(c, *res, r), a);
         amk_store(yb, amk_out_index(y, yb, pos, r), a);
       }
       break;

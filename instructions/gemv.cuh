@@ -74,12 +74,13 @@ AMK_DEVICE AmkEpiStage amk_gemv_epi_stage(const AmkTask& t) {
   return t.ip[AMK_P_SPLIT_K] > 1 ? AmkEpiStage{0, 0, 0, 0} : amk_epi_stage_of(t);
 }
 
-// The combine prologue's shape (ir.GemvParams combine_*): every KV head of x; splits 0 if none.
+// The combine prologue's shape (ir.GemvParams combine_*): the KV heads of the task's K slice;
+// splits 0 if none.
 AMK_DEVICE AmkCombineShape amk_gemv_combine(const AmkTask& t) {
   const int qh = t.ip[AMK_P_COMBINE_Q_HEADS], hd = t.ip[AMK_P_COMBINE_HEAD_DIM];
   const int splits = t.ip[AMK_P_COMBINE_SPLITS];
   if (!AMK_GEMV_COMBINE || splits <= 0) return AmkCombineShape{0, 0, 0, 0};
-  return AmkCombineShape{t.ip[AMK_P_K] / (qh * hd), qh, hd, splits};
+  return AmkCombineShape{(t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO]) / (qh * hd), qh, hd, splits};
 }
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
@@ -493,7 +494,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   // prologue: stage x (or its RMSNorm, or the attention combine) as fp32, every load of a thread
   // in flight at once
   const AmkCombineShape cs = amk_gemv_combine(t);
-  if (!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) {  // a build without the combine prologue
+  if ((!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) ||  // a build without the combine prologue
+      (!AMK_GEMV_PARTIALS && (amk_has(c, AMK_ROLE_X_PART) || amk_has(c, AMK_ROLE_RES_PART)))) {  // or the partials
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
     return;
   }
@@ -513,12 +515,18 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
     const int half = blockDim.x / 2;
     float ss = 0.0f;  // AMK_GEMV_NORM_ONE_BARRIER: the squares of the x elements this thread stages
-    if ((int)threadIdx.x < half)
-      amk_for_elems(xb, x, k_lo, K, [&](int i, float v) {
-        xs[xp.at(i)] = v;
-        if (AMK_GEMV_NORM_ONE_BARRIER) ss += v * v;
-      }, threadIdx.x, half);
-    else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
+    const auto stage_x = [&](int i, float v) {
+      xs[xp.at(i)] = v;
+      if (AMK_GEMV_NORM_ONE_BARRIER) ss += v * v;
+    };
+    if ((int)threadIdx.x < half) {
+      if (AMK_GEMV_PARTIALS && amk_has(c, AMK_ROLE_X_PART)) {  // x as the REDUCE it replaces would have left it
+        const AmkOperand& xp_op = amk_in(c, AMK_ROLE_X_PART);
+        amk_for_elems_plus_partials(xb, x, amk_buf(c, xp_op), xp_op, k_lo, K, stage_x, threadIdx.x, half);
+      } else {
+        amk_for_elems(xb, x, k_lo, K, stage_x, threadIdx.x, half);
+      }
+    } else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
     const int hidden = t.ip[AMK_P_K];
     const float eps = t.fp[AMK_F_NORM_EPS];
     float inv;

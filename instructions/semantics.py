@@ -83,8 +83,9 @@ def rounder(dtype: Optional[torch.dtype]) -> Round:
 def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[torch.dtype]) -> dict[str, Round]:
     """The rounders an op takes from its operands' storage dtypes (ir.py Numerics):
     `rnd` rounds to the first output's dtype (ATTN_PARTIAL, whose outputs are fp32 scratch:
-    to q's dtype); GEMV's `x_rnd` rounds its RMSNorm prologue to x's dtype, its attention
-    combine prologue to y's."""
+    to q's dtype); GEMV's `x_rnd` rounds its RMSNorm prologue (and x plus its partials) to
+    x's dtype, its attention combine prologue to y's; `res_rnd` its residual plus partials to
+    the residual's dtype."""
     op = params.op
     if op == Op.ATTN_PARTIAL:
         return {"rnd": rounder(in_dtypes.get("q"))}
@@ -93,6 +94,8 @@ def rounding_points(params, in_dtypes: dict[str, torch.dtype], out_dtypes: list[
         kw["rnd"] = rounder(out_dtypes[0])
     if op == Op.GEMV and params.norm_eps is not None:
         kw["x_rnd"] = rounder(in_dtypes.get("x"))
+    if op == Op.GEMV and params.residual_partials > 0:
+        kw["res_rnd"] = rounder(in_dtypes.get("residual"))
     if op == Op.GEMV and params.combine_splits > 0 and out_dtypes:  # where the standalone combine stored x
         kw["x_rnd"] = rounder(out_dtypes[0])
     return kw
@@ -258,14 +261,26 @@ def epilogue(p: GemvParams | ReduceParams, acc: Tensor, acc_up: Optional[Tensor]
     return rope_rotate(a, inv_freq, _int(pos), p.head_dim, rnd, per_head=True)
 
 
+def plus_partials(v: Tensor, parts: Tensor, rnd: Round) -> Tensor:
+    """rnd(v + rnd(sum_s parts[s])), the sum in order s = 0, 1, ...: what a split-K REDUCE
+    with the ADD epilogue (residual v) stores (GemvParams x_partials / residual_partials)."""
+    parts = parts.reshape(-1, v.numel())
+    acc = parts[0]
+    for s in range(1, parts.shape[0]):
+        acc = acc + parts[s]
+    return rnd(v + rnd(acc))
+
+
 def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_scale=None, w_zero=None, w2=None,
          w2_scale=None, w2_zero=None, bias=None, residual=None, head_gamma=None, inv_freq=None, pos=None, o=None,
-         ml=None, *, group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep) -> Tensor:
+         ml=None, x_part=None, res_part=None, *, group: Optional[int] = None, rnd: Round = keep, x_rnd: Round = keep,
+         res_rnd: Round = keep) -> Tensor:
     """Rows of y = W x over columns [k_lo, k_hi), with optional RMSNorm prologue (x whole,
     normalised over all k, then sliced) and the epilogue; with split_k > 1 the raw partial
     sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up). With the attention
-    combine prologue (combine_splits > 0) x is ATTN_COMBINE of each KV head's partials (o, ml),
-    rounded by `x_rnd`.
+    combine prologue (combine_splits > 0) x is ATTN_COMBINE of the partials (o, ml) of each
+    KV head of [k_lo, k_hi), rounded by `x_rnd`. x_part / res_part: split-K partials that x /
+    the residual is read together with (`plus_partials`).
 
     w/w2: fp32 [rows, klen], or quantized codes when w_scale is given (then `group`, the
     weight buffer's group size, is required)."""
@@ -273,6 +288,10 @@ def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_sca
     if p.combine_splits > 0:
         x = x_rnd(combine_heads(p, o, ml))
     x = _vec(x)
+    if p.x_partials > 0:
+        x = plus_partials(x, x_part, x_rnd)
+    if p.residual_partials > 0:
+        residual = plus_partials(_vec(residual), res_part, res_rnd)
     if p.norm_eps is not None:
         _need(x.numel() == p.k, f"gemv: norm prologue needs the whole x (len {p.k}), got {x.numel()}")
         x = rms_scale(x, torch.rsqrt(x.pow(2).mean() + p.norm_eps), _vec(gamma), x_rnd)[p.k_lo : p.k_hi]
@@ -345,9 +364,10 @@ def attn_combine(p: AttnCombineParams, o: Tensor, ml: Tensor) -> Tensor:
 
 
 def combine_heads(p: GemvParams, o: Tensor, ml: Tensor) -> Tensor:
-    """A GEMV's combine prologue: ATTN_COMBINE of every KV head's partials, concatenated."""
+    """A GEMV's combine prologue: ATTN_COMBINE of the partials of each KV head of its K slice,
+    concatenated."""
     head = AttnCombineParams(head_dim=p.combine_head_dim, q_heads=p.combine_q_heads, splits=p.combine_splits)
-    kv_heads = p.k // (p.combine_q_heads * p.combine_head_dim)
+    kv_heads = (p.k_hi - p.k_lo) // (p.combine_q_heads * p.combine_head_dim)
     os, mls = o.reshape(kv_heads, -1), ml.reshape(kv_heads, -1)
     return torch.cat([attn_combine(head, os[g], mls[g]) for g in range(kv_heads)])
 

@@ -235,6 +235,46 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
   amk_for_elems(b, o, first, n, f, threadIdx.x, blockDim.x);
 }
 
+// f(i, rnd(x + rnd(sum_s part[s]))) for element first + i of x and of each of part's count
+// runs (fp32), the partials summed in order s = 0, 1, ... and rnd rounding to x's dtype: what a
+// split-K REDUCE with the ADD epilogue would have stored into x (ir.GemvParams x_partials). A
+// batch of U elements issues its x loads and up to AMK_X_PARTS_UNROLL partial loads an element
+// before the first add, so that 4 or fewer partials (SmolLM2's 3 slices) cost one round trip.
+#ifndef AMK_X_PARTS_UNROLL
+#define AMK_X_PARTS_UNROLL 4
+#endif
+template <class F>
+AMK_DEVICE void amk_for_elems_plus_partials(const AmkBuffer& xb, const AmkOperand& x, const AmkBuffer& pb,
+                                            const AmkOperand& part, amk_i64 first, int n, F f, int tid, int T) {
+  constexpr int U = AMK_STAGE_ELEM_UNROLL, KU = AMK_X_PARTS_UNROLL;
+  const int parts = part.count;
+#pragma unroll 1
+  for (int i0 = tid; i0 < n; i0 += T * U) {
+    float v[U], s[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * T < n) v[u] = amk_load(xb, amk_flat(x, first + i0 + u * T));
+#pragma unroll 1
+    for (int k0 = 0; k0 < parts; k0 += KU) {
+      float t[U][KU];
+#pragma unroll
+      for (int k = 0; k < KU; ++k)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (k0 + k < parts && i0 + u * T < n)
+            t[u][k] = amk_load_as<AMK_DTYPE_F32>(pb.ptr, part.off + (amk_i64)(k0 + k) * part.stride + first + i0 + u * T);
+#pragma unroll
+      for (int k = 0; k < KU; ++k)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (k0 + k < parts && i0 + u * T < n) s[u] = k0 + k == 0 ? t[u][k] : amk_add(s[u], t[u][k]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * T < n) f(i0 + u * T, amk_round(xb.dtype, amk_add(v[u], amk_round(xb.dtype, s[u]))));
+  }
+}
+
 // sum over k = 0 .. n-1 of term(k, load(k)), added in order k = 0, 1, ... (the first term as
 // it is), the loads issued in batches of U before their first use: the split-K REDUCE and the
 // attention combine sum their splits this way, in the reference's order.

@@ -197,6 +197,16 @@ class ScheduleConfig(BaseModel):
         "every partial from the L2). Not with split_k > 1 (the o-proj then keeps the standalone "
         "combine).",
     )
+    o_proj_kv_slices: int = Field(
+        0, ge=0, le=64,
+        description="0: off. n >= 1: the o-proj is cut along K into n slices of whole KV heads (n "
+        "must divide the KV heads); each o task combines its slice's attention partials in its "
+        "prologue (no attention combine stage) and writes its rows' partial sum, which the gate/up "
+        "norm prologue and the down GEMV's residual add read together with x (no REDUCE): the "
+        "combine's and the o-proj's residual-add hops go, for n partial vectors read by every "
+        "MLP task (eval/PERF_NOTES.md item 135). Needs split_k 1, fuse_norm and fuse_residual, and "
+        "not fuse_attn_combine.",
+    )
     fuse_silu_mul: bool = Field(
         True,
         description="One gate/up GEMV with a SILU_MUL epilogue (else separate gate and up GEMVs "
@@ -310,6 +320,9 @@ class ScheduleConfig(BaseModel):
                 raise ValueError("quant_group='channel' is for int8 only")
             if self.split_k > 1:
                 raise ValueError("quant_group='channel' cannot be split along K (split_k must be 1)")
+        if self.o_proj_kv_slices and (self.split_k != 1 or not self.fuse_norm or not self.fuse_residual
+                                      or self.fuse_attn_combine):
+            raise ValueError("o_proj_kv_slices needs split_k 1, fuse_norm and fuse_residual, and not fuse_attn_combine")
         if self.quant_asym and self.quant != "int8":
             raise ValueError("quant_asym is for int8 (int4 always has a zero; gguf takes the file's blocks)")
         if self.quant == "none" and (self.quant_lm_head or self.quant_unpack):

@@ -270,17 +270,28 @@ class GemvParams(_Frozen):
       w        rows x [k_lo, k_hi) of W (count=rows, stride=k, len=k_hi-k_lo)
       x        the input vector; the whole vector [0, k) if norm_eps is set, else [k_lo, k_hi)
                -- or, if combine_splits > 0 (the attention combine prologue), instead of x:
-      o, ml    the attention partials of every KV head, laid out as ATTN_PARTIAL writes them:
-               o [k / (combine_q_heads * combine_head_dim), combine_splits, combine_q_heads,
-               combine_head_dim] and ml [.., 2]; x is then ATTN_COMBINE of each KV head's
-               partials, concatenated (len k) and rounded to y's dtype (where the standalone
-               combine would have stored it), with split_k == 1 and no norm
+      o, ml    the attention partials of the KV heads of columns [k_lo, k_hi), laid out as
+               ATTN_PARTIAL writes them: o [(k_hi - k_lo) / (combine_q_heads *
+               combine_head_dim), combine_splits, combine_q_heads, combine_head_dim] and ml
+               [.., 2]; x is then ATTN_COMBINE of each of those KV heads' partials,
+               concatenated (len k_hi - k_lo) and rounded to y's dtype (where the standalone
+               combine would have stored it; fp32, unrounded, for split-K partials), no norm
+      [x_part] x_partials fp32 vectors shaped like x (count=x_partials, any stride)
+                                                                if x_partials > 0
+               (needs the norm prologue and split_k == 1): x is then read as
+               rnd(x + rnd(sum_s x_part[s])), summed in order s = 0, 1, ..., rnd rounding to
+               x's dtype -- what a split-K REDUCE with the ADD epilogue (residual x) would
+               have stored into x, so the REDUCE stage can go (ScheduleConfig.o_proj_kv_slices)
       [gamma]  RMSNorm weight (len k)                        if norm_eps is not None
       [w_scale[, w_zero]]  for quantized w (w_zero where w names a zero: U4, asymmetric I8):
                tiles count=rows, stride=k/group, len (k_hi-k_lo)/group
       [w2[, w2_scale[, w2_zero]]]  the up-projection slab, shaped like w  if epilogue == SILU_MUL
       [bias]   len rows                                       if has_bias
       [residual] len rows                                     if epilogue == ADD
+      [res_part] residual_partials fp32 vectors of len rows (count=residual_partials)
+                                                              if residual_partials > 0
+               (needs the ADD epilogue and split_k == 1): the residual is then read as
+               rnd(residual + rnd(sum_s res_part[s])), as x_part does x (rnd: residual's dtype)
       [head_gamma] len head_dim                               if head_norm_eps is not None
       [inv_freq] len rows/2 and [pos] len 1                   if epilogue is ROPE/ROPE_APPEND
       [pos]    len 1                                          if epilogue == APPEND
@@ -319,6 +330,8 @@ class GemvParams(_Frozen):
     combine_splits: int = 0  # > 0: x is the attention combine of o/ml partials (see above)
     combine_q_heads: int = 0
     combine_head_dim: int = 0
+    x_partials: int = 0  # > 0: x is read as x + these split-K partials (see above)
+    residual_partials: int = 0  # > 0: the residual is read as residual + these partials
 
 
 class ReduceParams(_Frozen):

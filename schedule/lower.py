@@ -145,6 +145,7 @@ class _Mat:
     w2: Optional[Buffer] = None  # the up projection of a fused SILU_MUL
     bias: Optional[Buffer] = None
     residual: Optional[Buffer] = None
+    res_part: Optional[Buffer] = None  # split-K partials [n, rows] the residual is read with (o_proj_kv_slices)
     head_gamma: Optional[Buffer] = None
     head_dim: int = 0
     gran: int = 1  # rows per slab must be a multiple (whole heads, or rope_rows runs, for RoPE)
@@ -192,6 +193,11 @@ def _op(buf: Buffer, off: int, n: int, count: int = 1, stride: int = 0, kv: KvMo
 
 def _whole(buf: Buffer) -> Operand:
     return _op(buf, 0, buf.numel)
+
+
+def _parts(partials: Optional[Buffer]) -> int:
+    """The slices of a split-K partials buffer [slices, n] (0: none)."""
+    return partials.shape[0] if partials is not None else 0
 
 
 # logits an ARGMAX slice scans ('auto' argmax_splits): one round of 16-byte loads for each
@@ -339,10 +345,11 @@ class _Lowering:
     # ------------------------------------------------------------------ GEMV stages
     def gemv_stage(self, name: str, mats: list[_Mat], x: Optional[Buffer], norm: Optional[Buffer],
                    counter_of: Optional[Callable[[str, int], int]] = None,
-                   combine: Optional["_Combine"] = None) -> None:
+                   combine: Optional["_Combine"] = None, x_part: Optional[Buffer] = None) -> None:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
         when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any;
-        `combine` (split_k 1 only) the attention partials that each task combines into x.
+        `combine` (split_k 1 only) the attention partials that each task combines into x;
+        `x_part` (with `norm`, split_k 1) split-K partials [n, k] that x is read with.
         `counter_of(role, r0)`, if given, splits the stage's output tasks over several
         counters (slabs with one key share one), so that a consumer of part of the output
         waits only for the slabs that write it."""
@@ -376,12 +383,15 @@ class _Lowering:
                         head_norm_eps=self.spec.rms_norm_eps if m.head_gamma is not None else None,
                         unpack=cfg.quant_unpack if m.w.group else 0,
                         **(combine.params() if combine else {}),
+                        x_partials=_parts(x_part), residual_partials=_parts(m.res_part),
                     )
                     ins = [self.w_op(m.w, r0, rows, k_lo, k_hi)]
                     if combine:
                         ins += [_whole(combine.o), _whole(combine.ml)]
                     else:
                         ins.append(_op(x, 0, m.k) if norm is not None else _op(x, k_lo, k_hi - k_lo))
+                    if x_part is not None:
+                        ins.append(_op(x_part, 0, m.k, count=_parts(x_part), stride=m.k))
                     if norm is not None:
                         ins.append(_whole(norm))
                     ins += self.q_ops(m.w, r0, rows, k_lo, k_hi)
@@ -456,6 +466,8 @@ class _Lowering:
             ops.append(_op(m.bias, r0, rows))
         if m.epilogue == Epilogue.ADD:
             ops.append(_op(m.residual, r0, rows))
+            if m.res_part is not None:
+                ops.append(_op(m.res_part, r0, rows, count=_parts(m.res_part), stride=m.rows))
         if m.head_gamma is not None:
             ops.append(_whole(m.head_gamma))
         if m.epilogue in ROPE_EPILOGUES:  # the frequencies of the slab's runs: the table holds
@@ -464,6 +476,38 @@ class _Lowering:
         elif m.epilogue == Epilogue.APPEND:
             ops.append(_whole(self.pos))
         return ops
+
+    def sliced_o_proj(self, name: str, wo: Buffer, o_part: Buffer, ml: Buffer, slices: int) -> Buffer:
+        """ScheduleConfig.o_proj_kv_slices: the o-proj cut along K into `slices` slices of whole
+        KV heads; each task combines its slice's attention partials in its prologue and writes
+        the slice's partial sum of its rows into a scratch [slices, H], which the next GEMVs read
+        with x (gemv_stage x_part, _Mat res_part) in place of a REDUCE. Returns the scratch."""
+        spec, cfg = self.spec, self.cfg
+        nkv, qh, d, S = spec.num_kv_heads, spec.q_per_kv, spec.head_dim, self.kv_splits
+        if nkv % slices:
+            raise ValueError(f"o_proj_kv_slices={slices} must divide the {nkv} KV heads")
+        if cfg.split_k != 1 or not (cfg.fuse_norm and cfg.fuse_residual):
+            raise ValueError("o_proj_kv_slices needs split_k 1, fuse_norm and fuse_residual")
+        H, heads = wo.shape[0], nkv // slices
+        span = heads * qh * d
+        if wo.group and span % wo.group:
+            raise ValueError(f"o_proj_kv_slices={slices}: a slice of {span} columns does not align to "
+                             f"{wo.name}'s quantization group of {wo.group}")
+        scratch = self.buf("o_proj.partial", BufferKind.SCRATCH, DType.F32, [slices, H])
+        mat = _Mat("o", wo, lambda r0, n: _op(scratch, r0, n))  # (its rows and granule cut the slabs)
+        specs = []
+        for r0, r1, xcd in self.row_slabs(mat, -(-self.slabs // slices), 0):
+            rows = r1 - r0
+            for j in range(slices):
+                k_lo, k_hi, g0 = j * span, (j + 1) * span, j * heads
+                params = GemvParams(rows=rows, k=wo.shape[1], k_lo=k_lo, k_hi=k_hi, split_k=slices,
+                                    unpack=cfg.quant_unpack if wo.group else 0,
+                                    **_Combine(o_part, ml, S, qh, d).params())
+                ins = [self.w_op(wo, r0, rows, k_lo, k_hi), _op(o_part, g0 * S * qh * d, heads * S * qh * d),
+                       _op(ml, g0 * S * qh * 2, heads * S * qh * 2)] + self.q_ops(wo, r0, rows, k_lo, k_hi)
+                specs.append(_Spec(f"{name}[{r0}:{r1}].k{j}", params, ins, [_op(scratch, j * H + r0, rows)], xcd))
+        self.group(name, specs)
+        return scratch
 
     # ------------------------------------------------------------------ standalone ops
     def rmsnorm(self, name: str, x: Buffer, gamma: Buffer, y: Buffer) -> None:
@@ -592,10 +636,16 @@ class _Lowering:
             # (neither split when every o-proj task combines all heads: it would wait for every
             # counter, more than MAX_WAITS on 8 KV heads or 8 XCDs)
             fused = cfg.fuse_attn_combine and cfg.split_k == 1
-            per_head, per_xcd = cfg.kv_head_counters and not fused, local and not fused
-            cuts = [(g, g + 1) for g in range(nkv)] if per_head else tiles(nkv, self.xcds if per_xcd else 1)
+            # o_proj_kv_slices: a counter per slice of KV heads, which only that slice's o tasks wait on
+            slices = cfg.o_proj_kv_slices
+            per_head = cfg.kv_head_counters and not fused and not slices
+            per_xcd = local and not fused and not slices
+            if slices:
+                cuts = tiles(nkv, slices)
+            else:
+                cuts = [(g, g + 1) for g in range(nkv)] if per_head else tiles(nkv, self.xcds if per_xcd else 1)
             for xi, (g0, g1) in enumerate(cuts):
-                tag = f".g{g0}" if per_head else (f".x{xi}" if per_xcd else "")
+                tag = f".g{g0}" if per_head else (f".x{xi}" if per_xcd else (f".s{xi}" if len(cuts) > 1 else ""))
                 self.group(f"{t}.attn_partial" + tag, [
                     _Spec(f"{t}.attn_partial[g{g}.s{s}]",
                           AttnPartialParams(head_dim=d, q_heads=qh, splits=S, split=s, block=cfg.kv_block, scale=scale),
@@ -605,8 +655,11 @@ class _Lowering:
                           head_xcd[g])
                     for g in range(g0, g1) for s in range(S)
                 ])
-            combine, attn = None, None
-            if fused:  # every o-proj task combines all heads itself
+            combine, attn, o_sum = None, None, None
+            wo = self.linear(a + "o_proj.weight", H, QD)
+            if slices:  # the o-proj's slices combine their own heads; the MLP's GEMVs add their sums
+                o_sum = self.sliced_o_proj(f"{t}.o_proj", wo, o_part, ml, slices)
+            elif fused:  # every o-proj task combines all heads itself
                 combine = _Combine(o_part, ml, S, qh, d)
             else:
                 attn = self.act("attn_out", QD)
@@ -618,8 +671,8 @@ class _Lowering:
                 ])
 
             # ---- o-proj (+ residual)
-            wo = self.linear(a + "o_proj.weight", H, QD)
-            self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj", combine)
+            if not slices:
+                self.residual_gemv(f"{t}.o_proj", "o", wo, attn, x, "attn_proj", combine)
 
             # ---- mlp
             m = p + "mlp."
@@ -627,14 +680,15 @@ class _Lowering:
             xin, gamma = normed(f"{t}.mlp_norm", self.weight(p + "post_attention_layernorm.weight", [H]))
             h = self.act("mlp_h", F)
             if cfg.fuse_silu_mul and (wg.dtype, wg.group) == (wu.dtype, wu.group):  # one layout for w, w2
-                self.gemv_stage(f"{t}.gate_up", [_Mat("gate_up", wg, into(h), Epilogue.SILU_MUL, w2=wu)], xin, gamma)
+                self.gemv_stage(f"{t}.gate_up", [_Mat("gate_up", wg, into(h), Epilogue.SILU_MUL, w2=wu)], xin, gamma,
+                                x_part=o_sum)
             else:
                 g_act, u_act = self.act("mlp_gate", F), self.act("mlp_up", F)
                 self.gemv_stage(f"{t}.gate_up", [_Mat("gate", wg, into(g_act)), _Mat("up", wu, into(u_act))],
-                                xin, gamma)
+                                xin, gamma, x_part=o_sum)
                 self.binary(f"{t}.silu_mul", Op.SILU_MUL, g_act, u_act, h)
             wd = self.linear(m + "down_proj.weight", H, F)
-            self.residual_gemv(f"{t}.down", "down", wd, h, x, "mlp_out")
+            self.residual_gemv(f"{t}.down", "down", wd, h, x, "mlp_out", res_part=o_sum)
 
         # ---- final norm, LM head, argmax
         xin, gamma = normed("final_norm", self.weight("model.norm.weight", [H]))
@@ -663,11 +717,12 @@ class _Lowering:
                                     [_whole(pairs)], [_whole(token)])])
 
     def residual_gemv(self, name: str, role: str, w: Buffer, src: Optional[Buffer], x: Buffer, tmp: str,
-                      combine: Optional["_Combine"] = None) -> None:
+                      combine: Optional["_Combine"] = None, res_part: Optional[Buffer] = None) -> None:
         """x += W src: the residual add fused into the epilogue (in place), or a STORE plus ADD.
-        With `combine`, src is computed by each task's combine prologue instead of read."""
+        With `combine`, src is computed by each task's combine prologue instead of read; with
+        `res_part` (fused only), x is read with those split-K partials (x + their sum)."""
         if self.cfg.fuse_residual:
-            mat = _Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x)
+            mat = _Mat(role, w, lambda r0, n: _op(x, r0, n), Epilogue.ADD, residual=x, res_part=res_part)
             self.gemv_stage(name, [mat], src, None, combine=combine)
         else:
             out = self.act(tmp, x.numel)

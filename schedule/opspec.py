@@ -23,10 +23,12 @@ def quant_roles(prefix: str, dtype: DType, zero: bool | None = None) -> list[str
     return [f"{prefix}_scale"] + ([f"{prefix}_zero"] if has_zero else [])
 
 
-def epilogue_roles(epilogue: Epilogue, has_bias: bool, head_norm: bool) -> list[str]:
+def epilogue_roles(epilogue: Epilogue, has_bias: bool, head_norm: bool, residual_partials: int = 0) -> list[str]:
     roles = ["bias"] if has_bias else []
     if epilogue == Epilogue.ADD:
         roles.append("residual")
+        if residual_partials > 0:  # (GEMV only: the residual read as residual + these partials)
+            roles.append("res_part")
     if head_norm:
         roles.append("head_gamma")
     if epilogue in ROPE_EPILOGUES:
@@ -42,6 +44,8 @@ def input_roles(params, weight_dtype: DType = DType.F32, weight_zero: bool | Non
     op = params.op
     if op == Op.GEMV:
         roles = ["w", "o", "ml"] if params.combine_splits > 0 else ["w", "x"]
+        if params.x_partials > 0:
+            roles.append("x_part")
         if params.norm_eps is not None:
             roles.append("gamma")
         roles += quant_roles("w", weight_dtype, weight_zero)
@@ -49,7 +53,8 @@ def input_roles(params, weight_dtype: DType = DType.F32, weight_zero: bool | Non
             roles.append("w2")
             roles += quant_roles("w2", weight_dtype, weight_zero)
         if params.split_k == 1:
-            roles += epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None)
+            roles += epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None,
+                                    params.residual_partials)
         return roles
     if op == Op.REDUCE:
         return ["partials"] + epilogue_roles(params.epilogue, params.has_bias, params.head_norm_eps is not None)

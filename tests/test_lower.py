@@ -6,6 +6,7 @@ and the lowered step matches eager Hugging Face on the ReferenceVM."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -364,6 +365,7 @@ FIELD_CHANGES = {
     "rope_multi_run": ({}, dict(rope_multi_run=False)),
     "kv_head_counters": ({}, dict(kv_head_counters=False)),
     "fuse_attn_combine": ({}, dict(fuse_attn_combine=True)),
+    "o_proj_kv_slices": ({}, dict(o_proj_kv_slices=2)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
@@ -538,6 +540,12 @@ E2E = [
      dict(fuse_attn_combine=True, quant="int8", quant_group=32, gemv_tasks_per_matrix=3)),
     ("qwen3", dict(H=64, heads=4, kv=2, d=32, F=128, L=2, V=160), dict(fuse_attn_combine=True, **UNFUSED)),
     ("qwen2", dict(H=128, heads=4, kv=2, d=32, F=192, L=2, V=200), dict(fuse_attn_combine=True, split_k=2)),
+    # the o-proj in K slices of KV heads, their sums read by the MLP (o_proj_kv_slices): a slice a KV
+    # head, one slice for both heads, quantized with bias and unfused gate/up, three heads of a Qwen2
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200), dict(o_proj_kv_slices=2, kv_splits=3)),
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200, tied=True), dict(o_proj_kv_slices=1)),
+    ("qwen2", dict(H=96, heads=6, kv=3, d=32, F=192, L=2, V=200),
+     dict(o_proj_kv_slices=3, quant="int8", quant_group=32, fuse_silu_mul=False, gemv_tasks_per_matrix=3)),
 ]
 
 
@@ -760,6 +768,62 @@ def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
         assert len(layer0) == 1 and layer0 <= waited
     res = validate(p)
     assert res.accepted, res.summary()
+
+
+@pytest.mark.parametrize("slices", [1, 2])
+def test_o_proj_kv_slices_drops_the_combine_stage(slices):
+    """o_proj_kv_slices: no ATTN_COMBINE or REDUCE tasks; o task (slab, slice j) reads the attention
+    partials of slice j's KV heads only, waits for their counter alone, and writes row partials
+    into slice j of a scratch that every gate/up task reads whole with x and each down task reads
+    for its rows with its residual; a layer has one stage fewer and the program validates."""
+    spec = ZOO["gqa"]
+    cfg = dict(gemv_tasks_per_matrix=4, kv_splits=3)
+    base = lower(spec, cfg_of(**cfg), H100, kv_capacity=16)
+    p = lower(spec, cfg_of(o_proj_kv_slices=slices, **cfg), H100, kv_capacity=16)
+    assert not any(t.op in (Op.ATTN_COMBINE, Op.REDUCE) for t in p.tasks)
+    def layer_stages(prog):  # (a stage may have a counter a KV head, slice or group of q/k/v slabs)
+        return {re.sub(r"\.[gsc]\d+$", "", c.name) for c in prog.counters if c.name.startswith("layers.0.")}
+
+    assert layer_stages(base) - layer_stages(p) == {"layers.0.attn_combine"}
+    assert layer_stages(p) < layer_stages(base)
+    scratch = next(b for b in p.buffers if b.name == "o_proj.partial")
+    assert scratch.shape == (slices, spec.hidden_size)
+    heads = spec.num_kv_heads // slices
+    by_counter = {c.id: c.name for c in p.counters}
+    o_tasks = [t for t in p.tasks if t.name.startswith("layers.0.o_proj")]
+    assert len(o_tasks) == -(-4 // slices) * slices and {t.name[-1] for t in o_tasks} == {str(j) for j in range(slices)}
+    for t in o_tasks:
+        j = int(t.name[-1])
+        span = heads * spec.q_per_kv * spec.head_dim
+        assert (t.params.k_lo, t.params.k_hi, t.params.split_k) == (j * span, (j + 1) * span, slices)
+        o = t.inputs[1]
+        assert o.off == j * heads * 3 * spec.q_per_kv * spec.head_dim and o.len == heads * 3 * spec.q_per_kv * spec.head_dim
+        assert t.outputs[0].buf == scratch.id and t.outputs[0].off // spec.hidden_size == j
+        waited = [by_counter[w.counter] for w in t.waits]
+        assert waited == [f"layers.0.attn_partial.s{j}" if slices > 1 else "layers.0.attn_partial"]
+    gate_up = [t for t in p.tasks if t.name.startswith("layers.0.gate_up")]
+    down = [t for t in p.tasks if t.name.startswith("layers.0.down")]
+    for t in gate_up:
+        assert t.params.x_partials == slices and t.inputs[2].buf == scratch.id
+        assert (t.inputs[2].len, t.inputs[2].count) == (spec.hidden_size, slices)
+    for t in down:
+        rp = t.inputs[-1]
+        assert t.params.residual_partials == slices and rp.buf == scratch.id and rp.count == slices
+        assert rp.off == t.outputs[0].off and rp.len == t.outputs[0].len
+    res = validate(p)
+    assert res.accepted, res.summary()
+
+
+def test_o_proj_kv_slices_refusals():
+    """Slices must be whole KV heads (and, quantized, whole groups); the option needs the fused
+    norm and residual and no split-K."""
+    spec = ZOO["gqa"]  # 2 KV heads
+    with pytest.raises(ValueError, match="must divide the 2 KV heads"):
+        lower(spec, cfg_of(o_proj_kv_slices=3), H100, kv_capacity=16)
+    with pytest.raises(ValueError, match="o_proj_kv_slices needs"):
+        cfg_of(o_proj_kv_slices=2, split_k=2)
+    with pytest.raises(ValueError, match="o_proj_kv_slices needs"):
+        cfg_of(o_proj_kv_slices=2, fuse_residual=False)
 
 
 @pytest.mark.parametrize("shape,capacity,want", [("smollm2-135m", 1162, 16), ("llama-3.2-1b", 1162, 16),

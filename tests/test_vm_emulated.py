@@ -165,6 +165,9 @@ def test_tiny_model(emu, family):
                                  dict(kv_head_counters=True, split_k=2),
                                  dict(fuse_attn_combine=True, gemv_tasks_per_matrix=3),
                                  dict(fuse_attn_combine=True, quant="int4", quant_group=32, fuse_residual=False),
+                                 # the o-proj in K slices of KV heads, their sums read with x by the MLP
+                                 dict(o_proj_kv_slices=2, gemv_tasks_per_matrix=3),
+                                 dict(o_proj_kv_slices=1, quant="int8", quant_group=32, fuse_silu_mul=False),
                                  # asymmetric int8 (a zero a group): the gate/up pair, then split-K partials
                                  # and standalone GEMVs with the quantized LM head
                                  dict(quant="int8", quant_group=32, quant_asym=True),

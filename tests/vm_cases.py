@@ -207,5 +207,9 @@ LOWERED = {
     # the attention combine in every o-proj task's prologue (PERF_NOTES item 122)
     "llama-gqa-tied/fuse_attn_combine": dict(fuse_attn_combine=True, gemv_tasks_per_matrix=3),
     "smollm2-like/fuse_attn_combine": dict(kv_splits=4, fuse_attn_combine=True),
+    # the o-proj in K slices of KV heads, their sums read by the MLP (PERF_NOTES item 135)
+    "llama-gqa-tied/o_proj_kv_slices": dict(o_proj_kv_slices=2, gemv_tasks_per_matrix=3),
+    "smollm2-like/o_proj_kv_slices": dict(kv_splits=4, o_proj_kv_slices=3),
+    "llama-gqa-tied/o_proj_kv_slices_int4": dict(o_proj_kv_slices=2, quant="int4", quant_group=32),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]

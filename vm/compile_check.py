@@ -34,7 +34,11 @@ SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FE
                "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
                "int8_asym": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
-                             **LLAMA_FEATURES}}
+                             **LLAMA_FEATURES},
+               # ScheduleConfig.o_proj_kv_slices: no ATTN_COMBINE op; the o-proj's combine prologue and
+               # the MLP's reads of x with partials
+               "bf16_oslices": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_OPS": 0x445,
+                                "AMK_GEMV_COMBINE": 1, "AMK_GEMV_PARTIALS": 1}}
 
 
 def nvcc_path() -> str | None:

@@ -99,7 +99,7 @@ STATUS_WORDS = 8
 # AmkRole, in order: the role strings of amk.schedule.opspec
 ROLES = ("w", "x", "gamma", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero", "bias", "residual",
          "head_gamma", "inv_freq", "pos", "token", "table", "src", "q", "k", "v", "o", "ml", "gate",
-         "up", "a", "b", "logits", "partials")
+         "up", "a", "b", "logits", "partials", "x_part", "res_part")
 ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 
 # AmkParamIndex
@@ -238,7 +238,7 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
         norm = r4(k) if p.norm_eps is not None else 0
         combine = 0
         if p.combine_splits > 0:
-            heads = p.k // p.combine_head_dim
+            heads = k // p.combine_head_dim
             combine = r4(2 * heads * p.combine_splits + heads)
         return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
                 + r4(epilogue_staged_words(p)) + combine)
@@ -402,7 +402,8 @@ def knob_defines(program: Program) -> dict[str, int]:
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
-    the attention combine prologue, AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
+    the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
+    split-K partials, AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
     in the rows), which no build compiles unless asked (common.cuh, gemv.cuh), and
     AMK_QCOMP_DTYPE where every scale and zero has one dtype (gemv.cuh AmkQRow)."""
     vm_meta = _vm_meta(program)
@@ -418,6 +419,8 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_Q_UNPACK"] = unpack.pop()
     if any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks):
         out["AMK_GEMV_COMBINE"] = 1
+    if any(t.params.op == Op.GEMV and (t.params.x_partials or t.params.residual_partials) for t in program.tasks):
+        out["AMK_GEMV_PARTIALS"] = 1
     if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
         out["AMK_GEMV_I8_ZERO"] = 1
     by_id = {b.id: b for b in program.buffers}

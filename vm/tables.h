@@ -70,6 +70,8 @@ enum AmkRole {
   AMK_ROLE_B,
   AMK_ROLE_LOGITS,
   AMK_ROLE_PARTIALS,
+  AMK_ROLE_X_PART,
+  AMK_ROLE_RES_PART,
   AMK_ROLE_COUNT
 };
 #define AMK_ROLE_SLOTS 32  // >= AMK_ROLE_COUNT, a multiple of 4

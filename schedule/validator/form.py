@@ -140,6 +140,11 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(p.k_lo == 0 and p.k_hi == p.k, "without split-K a task covers all of K")
     if p.norm_eps is not None:
         need(_pos_finite(p.norm_eps), "norm_eps must be positive and finite")
+    need(0 <= p.x_partials <= 4096 and 0 <= p.residual_partials <= 4096, "x_partials and residual_partials must be in [0, 4096]")
+    if p.x_partials > 0:
+        need(p.norm_eps is not None and p.split_k == 1, "x_partials need the norm prologue and no split-K")
+    if p.residual_partials > 0:
+        need(p.epilogue == Epilogue.ADD and p.split_k == 1, "residual_partials need the ADD epilogue and no split-K")
     heads = _combine_heads(p, need)
     span = p.k_hi - p.k_lo
     wdtype = w_buf.dtype if w_buf is not None else D.F32
@@ -153,9 +158,11 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
             ins.append(_weight_rule(p, p.rows, span))
         elif role == "x":
             ins.append(Rule(READABLE, FLOAT, length=p.k if p.norm_eps is not None else span))
+        elif role == "x_part":  # split-K partials of the whole x (the norm prologue reads all of it)
+            ins.append(Rule(WRITABLE, frozenset({D.F32}), length=p.k, count=p.x_partials))
         elif role == "gamma":
             ins.append(Rule(IMMUTABLE, FLOAT, length=p.k))
-        elif role == "o":  # every KV head's partials: heads x splits x head_dim values
+        elif role == "o":  # the partials of the KV heads of [k_lo, k_hi): heads x splits x head_dim values
             ins.append(Rule(READABLE, FLOAT, length=heads * p.combine_splits * p.combine_head_dim))
         elif role == "ml":
             ins.append(Rule(READABLE, FLOAT, length=heads * p.combine_splits * 2))
@@ -171,15 +178,16 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
 
 def _combine_heads(p, need) -> int:
     """The q heads whose attention combine a GEMV's prologue computes (0 without one): whole
-    heads over all of K, which a single task covers without a norm."""
+    KV heads' q heads over the task's K slice [k_lo, k_hi), without a norm."""
     if p.combine_splits == 0 and p.combine_q_heads == 0 and p.combine_head_dim == 0:
         return 0
     qh, d = p.combine_q_heads, p.combine_head_dim
     need(1 <= p.combine_splits <= ir.MAX_KV_SPLITS and qh >= 1 and 1 <= d <= ir.MAX_HEAD_DIM,
          "a combine prologue needs splits in [1, MAX_KV_SPLITS], q_heads >= 1, head_dim in [1, MAX_HEAD_DIM]")
-    need(qh >= 1 and d >= 1 and p.k % (qh * d) == 0, "a combine prologue needs k a multiple of q_heads * head_dim")
-    need(p.split_k == 1 and p.norm_eps is None, "a combine prologue takes no split-K and no norm")
-    return p.k // d if d >= 1 else 0
+    need(qh >= 1 and d >= 1 and p.k_lo % (qh * d) == 0 and p.k_hi % (qh * d) == 0,
+         "a combine prologue needs k_lo and k_hi multiples of q_heads * head_dim")
+    need(p.norm_eps is None, "a combine prologue takes no norm")
+    return (p.k_hi - p.k_lo) // d if d >= 1 else 0
 
 
 _QUANT_COMPANIONS = frozenset({"w_scale", "w_zero", "w2_scale", "w2_zero"})
@@ -192,6 +200,8 @@ def _epilogue_rule(p, role: str) -> Rule:
         return Rule(IMMUTABLE, FLOAT, length=p.rows)
     if role == "residual":
         return Rule(READABLE, FLOAT, length=p.rows)
+    if role == "res_part":  # split-K partials added to the residual (GEMV residual_partials)
+        return Rule(WRITABLE, frozenset({D.F32}), length=p.rows, count=p.residual_partials)
     if role == "head_gamma":
         return Rule(IMMUTABLE, FLOAT, length=p.head_dim)
     if role == "inv_freq":  # head_dim/2 frequencies for each head of the slab (ir.GemvParams)
