@@ -237,38 +237,81 @@ AMK_DEVICE void amk_for_elems(const AmkBuffer& b, const AmkOperand& o, amk_i64 f
 
 // f(i, rnd(x + rnd(sum_s part[s]))) for element first + i of x and of each of part's count
 // runs (fp32), the partials summed in order s = 0, 1, ... and rnd rounding to x's dtype: what a
-// split-K REDUCE with the ADD epilogue would have stored into x (ir.GemvParams x_partials). A
-// batch of U elements issues its x loads and up to AMK_X_PARTS_UNROLL partial loads an element
-// before the first add, so that 4 or fewer partials (SmolLM2's 3 slices) cost one round trip.
+// split-K REDUCE with the ADD epilogue would have stored into x (ir.GemvParams x_partials).
+// Every load of a batch is issued before the first add: up to AMK_X_PARTS_UNROLL partials (4:
+// SmolLM2's 3 slices) cost one round trip. A contiguous, 16-byte aligned x with 16-byte aligned
+// partial runs takes 16-byte loads, a vector of x a thread (eval/PERF_NOTES.md item 139: the
+// element loads alone, 4 a batch, took the SmolLM2 gate/up prologue from 2.0 to 5.4 us); the
+// rest element loads, AMK_STAGE_ELEM_UNROLL a batch.
 #ifndef AMK_X_PARTS_UNROLL
 #define AMK_X_PARTS_UNROLL 4
 #endif
+#ifndef AMK_X_PARTS_VEC
+#define AMK_X_PARTS_VEC 1  // 0: element loads only (the tests' way to reach that path)
+#endif
+// s[j] (+)= part[k][at(j)] for the partials k of [k0, k0 + AMK_X_PARTS_UNROLL), j < N: all loads first
+template <int N, class At>
+AMK_DEVICE void amk_add_partials(float (&s)[N], amk_u64 ptr, const AmkOperand& part, int k0, At at) {
+  constexpr int KU = AMK_X_PARTS_UNROLL;
+  float t[KU][N];
+#pragma unroll
+  for (int k = 0; k < KU; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (k0 + k < part.count && at(j) >= 0)
+        t[k][j] = amk_load_as<AMK_DTYPE_F32>(ptr, part.off + (amk_i64)(k0 + k) * part.stride + at(j));
+#pragma unroll
+  for (int k = 0; k < KU; ++k)
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (k0 + k < part.count && at(j) >= 0) s[j] = k0 + k == 0 ? t[k][j] : amk_add(s[j], t[k][j]);
+}
+
+template <int DT, class F>
+AMK_DEVICE int amk_plus_partials_vec(const char* base, amk_u64 pptr, const AmkOperand& part, amk_i64 first, int n,
+                                     int xdt, F& f, int tid, int T) {
+  using Fmt = AmkWFmt<DT>;
+  constexpr int VEC = Fmt::VEC;
+  const int nvec = n / VEC;
+#pragma unroll 1
+  for (int v = tid; v < nvec; v += T) {
+    const amk_u32x4 raw = amk_ld16(base + (amk_i64)v * 16);
+    float s[VEC];
+#pragma unroll 1
+    for (int k0 = 0; k0 < part.count; k0 += AMK_X_PARTS_UNROLL)
+      amk_add_partials(s, pptr, part, k0, [&](int j) { return first + (amk_i64)v * VEC + j; });
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) f(v * VEC + j, amk_round(xdt, amk_add(Fmt::get(raw, j), amk_round(xdt, s[j]))));
+  }
+  return nvec * VEC;
+}
+
 template <class F>
 AMK_DEVICE void amk_for_elems_plus_partials(const AmkBuffer& xb, const AmkOperand& x, const AmkBuffer& pb,
                                             const AmkOperand& part, amk_i64 first, int n, F f, int tid, int T) {
-  constexpr int U = AMK_STAGE_ELEM_UNROLL, KU = AMK_X_PARTS_UNROLL;
-  const int parts = part.count;
+  int done = 0;
+  const char* base = (const char*)xb.ptr + (x.off + first) * amk_dtype_bits(xb.dtype) / 8;
+  const bool aligned = (unsigned long long)base % 16 == 0 && (pb.ptr + 4 * (part.off + first)) % 16 == 0 &&
+                       (part.count <= 1 || part.stride % 4 == 0);
+  if (AMK_X_PARTS_VEC && aligned && (x.count <= 1 || first + n <= x.len)) {  // inside x's first (contiguous) run
+    if (xb.dtype == AMK_DTYPE_BF16) {
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16)) done = amk_plus_partials_vec<AMK_DTYPE_BF16>(base, pb.ptr, part, first, n, xb.dtype, f, tid, T);
+    } else if (xb.dtype == AMK_DTYPE_F16) {
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16)) done = amk_plus_partials_vec<AMK_DTYPE_F16>(base, pb.ptr, part, first, n, xb.dtype, f, tid, T);
+    } else if (xb.dtype == AMK_DTYPE_F32) {
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32)) done = amk_plus_partials_vec<AMK_DTYPE_F32>(base, pb.ptr, part, first, n, xb.dtype, f, tid, T);
+    }
+  }
+  constexpr int U = AMK_STAGE_ELEM_UNROLL;
 #pragma unroll 1
-  for (int i0 = tid; i0 < n; i0 += T * U) {
+  for (int i0 = done + tid; i0 < n; i0 += T * U) {
     float v[U], s[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (i0 + u * T < n) v[u] = amk_load(xb, amk_flat(x, first + i0 + u * T));
 #pragma unroll 1
-    for (int k0 = 0; k0 < parts; k0 += KU) {
-      float t[U][KU];
-#pragma unroll
-      for (int k = 0; k < KU; ++k)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (k0 + k < parts && i0 + u * T < n)
-            t[u][k] = amk_load_as<AMK_DTYPE_F32>(pb.ptr, part.off + (amk_i64)(k0 + k) * part.stride + first + i0 + u * T);
-#pragma unroll
-      for (int k = 0; k < KU; ++k)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (k0 + k < parts && i0 + u * T < n) s[u] = k0 + k == 0 ? t[u][k] : amk_add(s[u], t[u][k]);
-    }
+    for (int k0 = 0; k0 < part.count; k0 += AMK_X_PARTS_UNROLL)
+      amk_add_partials(s, pb.ptr, part, k0, [&](int u) { return i0 + u * T < n ? first + i0 + u * T : -1; });
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (i0 + u * T < n) f(i0 + u * T, amk_round(xb.dtype, amk_add(v[u], amk_round(xb.dtype, s[u]))));

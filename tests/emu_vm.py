@@ -48,7 +48,8 @@ def emu_flags(defines: Optional[dict[str, int]] = None) -> list[str]:
 
 def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDLL:
     """Compile the emulated megakernel (once per source hash and defines) and load it."""
-    key = tuple(sorted((defines or {}).items()))
+    # keyed by $AMK_VM_DEFINES too: a test that sets it (monkeypatch) must not get an earlier build
+    key = (tuple(sorted((defines or {}).items())), tuple(sorted(experiment_defines().items())))
     if key in _LIBS:
         return _LIBS[key]
     main, headers = kernel_sources()

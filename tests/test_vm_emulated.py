@@ -178,6 +178,15 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
+@pytest.mark.parametrize("dtype,vec", [("bfloat16", 1), ("bfloat16", 0), ("float32", 0)])
+def test_lowered_model_o_proj_kv_slices(emu, monkeypatch, dtype, vec):
+    """o_proj_kv_slices: the gate/up prologue reads x with the o-proj's partial sums by 16-byte
+    vectors (bf16 here; fp32 in test_lowered_model) or, with AMK_X_PARTS_VEC=0, by elements."""
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_X_PARTS_VEC={vec}")
+    prog, t = lowered("llama-gqa-tied", dtype=dtype, max_queues=4, threads_per_block=64, o_proj_kv_slices=2)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
 @pytest.mark.parametrize("cfg", [dict(quant="int4"), dict(quant="int8"), dict(quant="int8", quant_asym=True)])
 def test_lowered_half_precision_quantized_model(emu, cfg):
     """A bf16 program's quantized GEMVs read F16 scales and zeros, which knob_defines names
