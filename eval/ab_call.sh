@@ -2,10 +2,12 @@
 # Paired A/Bs on a lent GPU in ONE device call: each argument group runs `python -m amk.eval.ab`
 # (prewarm, then gated benches in rotated rounds), one model after another, under one budget.
 #
-#   device run:  AMK_GIT_COMMIT=$(git rev-parse HEAD) bash eval/ab_call.sh \
+#   device run:  AMK_GIT_COMMIT=<sha> bash eval/ab_call.sh \
 #                  "smollm2-135m --arm base= --arm ce0=@AMK_COMBINE_EARLY=0" \
 #                  "llama-3.2-1b --arm base= --arm k12=eval/configs/kv_splits_12.json"
 #                carry: [".whl"]   timeout_s: 600   (the wheels: ../shared/tools/device-wheels.sh)
+#   <sha>: HEAD's, written into the command here: `git rev-parse` on the device machine has reported
+#   the session's first commit, not the tree it ran (session 43), and every row records this value.
 #
 # Each group is MODEL followed by amk.eval.ab's own arguments; config paths are relative to the
 # repository root. Every group gets --bandwidth 3000 unless it names one, and writes
