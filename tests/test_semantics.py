@@ -103,6 +103,29 @@ def test_gemv_split_k_plus_reduce_equals_matmul(gen):
     close(out, x @ w.T)
 
 
+@pytest.mark.parametrize("slices", [1, 3])
+@pytest.mark.parametrize("half", [torch.bfloat16, None])
+def test_partials_read_with_x_are_the_reduce_they_replace(gen, slices, half):
+    """GemvParams x_partials / residual_partials: x (and down's residual) read with the o-proj's
+    slice partials equals what a split-K REDUCE with the ADD epilogue would have stored into x,
+    bit for bit (same order of the sums, same rounding points), in a half-precision program too."""
+    rows, k, hid = 8, 32, 16
+    rnd = S.rounder(half)
+    x, parts = rnd(torch.randn(hid, generator=gen)), torch.randn(slices, hid, generator=gen)
+    gamma, w_up, w_down = torch.randn(hid, generator=gen), torch.randn(rows, hid, generator=gen), torch.randn(hid, k, generator=gen)
+    stored = rnd(S.reduce(ReduceParams(rows=hid, split_k=slices, epilogue=Epilogue.ADD), parts, residual=x, rnd=rnd))
+    up = _gemv(rows, hid, norm_eps=1e-5)
+    want = S.gemv(up, w_up, stored, gamma, x_rnd=rnd, rnd=rnd)
+    got = S.gemv(up.model_copy(update={"x_partials": slices}), w_up, x, gamma, x_part=parts, x_rnd=rnd, rnd=rnd)
+    assert torch.equal(got, want)
+    h = torch.randn(k, generator=gen)
+    down = _gemv(hid, k, epilogue=Epilogue.ADD)
+    want = S.gemv(down, w_down, h, residual=stored, rnd=rnd)
+    got = S.gemv(down.model_copy(update={"residual_partials": slices}), w_down, h, residual=x, res_part=parts, rnd=rnd,
+                 res_rnd=rnd)
+    assert torch.equal(got, want)
+
+
 def test_gemv_norm_prologue_bias_and_add(gen):
     rows, k = 8, 32
     w, x, gamma = (torch.randn(rows, k, generator=gen), torch.randn(k, generator=gen), torch.randn(k, generator=gen))
