@@ -33,9 +33,10 @@ AMK_DEVICE AmkEpiStage amk_epi_stage_of(const AmkTask& t) {
 }
 
 // Residual row i of an ADD epilogue; with split-K partials (ir.GemvParams residual_partials)
-// rnd(residual + rnd(sum_s part[s])), as the REDUCE they replace would have stored it (rnd: the
-// residual's dtype). The residual's and the partials' loads are independent: one round trip for
-// up to AMK_X_PARTS_UNROLL partials. (A GEMV's epilogue reads its residual staged: amk_epi_stage_word.)
+// read as the REDUCE they replace would have stored it (vec.cuh amk_plus_partial_sum; the sum
+// by amk_ordered_sum, as the REDUCE sums). The residual's and the partials' loads are
+// independent: one round trip for up to AMK_X_PARTS_UNROLL partials. (A GEMV's epilogue reads
+// its residual staged: amk_epi_stage_word.)
 AMK_DEVICE float amk_residual_at(const AmkCtx& c, amk_i64 i) {
   const AmkOperand& res = amk_in(c, AMK_ROLE_RESIDUAL);
   const float v = amk_in_at(c, res, i);
@@ -45,8 +46,7 @@ AMK_DEVICE float amk_residual_at(const AmkCtx& c, amk_i64 i) {
   const float s = amk_ordered_sum<AMK_X_PARTS_UNROLL>(
       part.count, [&](int k) { return amk_load_as<AMK_DTYPE_F32>(ptr, part.off + (amk_i64)k * part.stride + i); },
       [](int, float p) { return p; });
-  const int dt = amk_buf(c, res).dtype;
-  return amk_round(dt, amk_add(v, amk_round(dt, s)));
+  return amk_plus_partial_sum(amk_buf(c, res).dtype, v, s);
 }
 
 // Staged word i < s.words(), read from its operand (the position as an int's bits).

@@ -267,6 +267,10 @@ AMK_DEVICE void amk_add_partials(float (&s)[N], amk_u64 ptr, const AmkOperand& p
       if (k0 + k < part.count && at(j) >= 0) s[j] = k0 + k == 0 ? t[k][j] : amk_add(s[j], t[k][j]);
 }
 
+// v read with the sum s of its partials: rnd(v + rnd(s)), rnd rounding to v's dtype dt (the
+// REDUCE's ADD epilogue: the sum rounded as its accumulator, then the stored residual add)
+AMK_DEVICE float amk_plus_partial_sum(int dt, float v, float s) { return amk_round(dt, amk_add(v, amk_round(dt, s))); }
+
 template <int DT, class F>
 AMK_DEVICE int amk_plus_partials_vec(const char* base, amk_u64 pptr, const AmkOperand& part, amk_i64 first, int n,
                                      int xdt, F& f, int tid, int T) {
@@ -281,7 +285,7 @@ AMK_DEVICE int amk_plus_partials_vec(const char* base, amk_u64 pptr, const AmkOp
     for (int k0 = 0; k0 < part.count; k0 += AMK_X_PARTS_UNROLL)
       amk_add_partials(s, pptr, part, k0, [&](int j) { return first + (amk_i64)v * VEC + j; });
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) f(v * VEC + j, amk_round(xdt, amk_add(Fmt::get(raw, j), amk_round(xdt, s[j]))));
+    for (int j = 0; j < VEC; ++j) f(v * VEC + j, amk_plus_partial_sum(xdt, Fmt::get(raw, j), s[j]));
   }
   return nvec * VEC;
 }
@@ -314,7 +318,7 @@ AMK_DEVICE void amk_for_elems_plus_partials(const AmkBuffer& xb, const AmkOperan
       amk_add_partials(s, pb.ptr, part, k0, [&](int u) { return i0 + u * T < n ? first + i0 + u * T : -1; });
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (i0 + u * T < n) f(i0 + u * T, amk_round(xb.dtype, amk_add(v[u], amk_round(xb.dtype, s[u]))));
+      if (i0 + u * T < n) f(i0 + u * T, amk_plus_partial_sum(xb.dtype, v[u], s[u]));
   }
 }
 

@@ -484,10 +484,8 @@ class _Lowering:
         with x (gemv_stage x_part, _Mat res_part) in place of a REDUCE. Returns the scratch."""
         spec, cfg = self.spec, self.cfg
         nkv, qh, d, S = spec.num_kv_heads, spec.q_per_kv, spec.head_dim, self.kv_splits
-        if nkv % slices:
+        if nkv % slices:  # (split_k 1 and the fused norm and residual: ScheduleConfig checks them)
             raise ValueError(f"o_proj_kv_slices={slices} must divide the {nkv} KV heads")
-        if cfg.split_k != 1 or not (cfg.fuse_norm and cfg.fuse_residual):
-            raise ValueError("o_proj_kv_slices needs split_k 1, fuse_norm and fuse_residual")
         H, heads = wo.shape[0], nkv // slices
         span = heads * qh * d
         if wo.group and span % wo.group:
