@@ -59,13 +59,6 @@ AMK_DEVICE long long amk_xs_words(long long k, AmkXPad p) { return amk_round4(k 
 // The zero terms need sum(x) over 32-column chunks: a U4 vector of codes (AmkWFmt<U4>::VEC), or
 // two I8 vectors (AMK_GEMV_I8_ZERO; its groups are whole chunks, schedule/lower.py ZERO_CHUNK).
 #define AMK_XSUM_CHUNK 32
-// AMK_GEMV_I8_ZERO_GROUP 1: an I8 zero's term once a group, by the lane holding the group's first
-// vector (zero x the sum of the group's chunk sums), instead of once a chunk by each even vector:
-// a quarter of the zero loads at group 128 (an experiment, eval/PERF_NOTES.md item 142; 0 keeps
-// the measured form).
-#ifndef AMK_GEMV_I8_ZERO_GROUP
-#define AMK_GEMV_I8_ZERO_GROUP 0
-#endif
 
 // AMK_QCOMP_DTYPE: the one float dtype of every scale and zero of the program, where the loader
 // knows it (knob_defines), so that a companion's load and conversion compile to one load and
@@ -172,18 +165,6 @@ AMK_DEVICE float amk_w_at(const AmkGemvW& w, int r, int c) {
 struct AmkGroupOf {
   int v0, shift;
   AMK_DEVICE int operator()(int v) const { return (v0 + v) >> shift; }
-  // (I8 zeros, AMK_GEMV_I8_ZERO_GROUP: groups of whole 32-column chunks, 2 vectors each, and
-  // slices that start a group, v0 == 0) is vector v its group's first?
-  AMK_DEVICE bool first(int v) const { return ((v0 + v) & ((1 << shift) - 1)) == 0; }
-  // sum of x over the group starting at vector v: its chunk sums in order (the slice's last
-  // chunk ends a per-channel group)
-  AMK_DEVICE float chunk_sum(const float* xsums, int v, int nvec) const {
-    const int c0 = v >> 1, per = shift < 29 ? (1 << shift) >> 1 : 1 << 28;  // chunks a group
-    const int c1 = nvec / 2 - c0 < per ? nvec / 2 : c0 + per;
-    float sum = xsums[c0];
-    for (int c = c0 + 1; c < c1; ++c) sum += xsums[c];
-    return sum;
-  }
 };
 template <int VEC>
 AMK_DEVICE bool amk_group_of(const AmkGemvW& w, int K, AmkGroupOf& g) {
@@ -317,8 +298,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           } else if constexpr (ZI8) {
             // loaded with the codes (at its use instead, sm_90's 24 / 44 B spill goes but the 1B was
             // 5 % slower: eval/PERF_NOTES.md item 132); only even vectors use theirs (v's parity is
-            // sub's, L being even), or only a group's first (AMK_GEMV_I8_ZERO_GROUP)
-            const bool use = AMK_GEMV_I8_ZERO_GROUP ? grp.first(v) : (v & 1) == 0;
+            // sub's, L being even)
+            const bool use = (v & 1) == 0;
             z1[u] = use && zr1.p ? zr1.raw(g) : 0u;
             if (PAIR) z2[u] = use && zr2.p ? zr2.raw(g) : 0u;
           }
@@ -339,8 +320,8 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
           s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
           if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
           if constexpr (ZI8) {
-            if (AMK_GEMV_I8_ZERO_GROUP ? grp.first(v) : (v & 1) == 0) {  // (an empty zero row reads 0 bits: 0.0f)
-              const float cx = AMK_GEMV_I8_ZERO_GROUP ? grp.chunk_sum(xsums, v, nvec) : xsums[v >> 1];
+            if ((v & 1) == 0) {  // (an empty zero row reads 0 bits: 0.0f in every float dtype)
+              const float cx = xsums[v >> 1];
               s1 += zr1.value(z1[u]) * cx;
               if (PAIR) s2 += zr2.value(z2[u]) * cx;
             }

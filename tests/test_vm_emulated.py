@@ -178,16 +178,6 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
-@pytest.mark.parametrize("cfg", [dict(quant_group=32), dict(quant_group=128), dict(quant_group="channel"),
-                                 dict(quant_group=64, split_k=2, fuse_silu_mul=False, quant_lm_head=True)])
-def test_lowered_model_i8_zero_once_a_group(emu, monkeypatch, cfg):
-    """Asymmetric int8 with AMK_GEMV_I8_ZERO_GROUP=1: each zero's term added once a group (zero x
-    the group's x sum, by the lane of its first vector) instead of once a 32-column chunk."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_I8_ZERO_GROUP=1")
-    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, quant="int8", quant_asym=True, **cfg)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
-
-
 @pytest.mark.parametrize("dtype,vec", [("bfloat16", 1), ("bfloat16", 0), ("float32", 0)])
 def test_lowered_model_o_proj_kv_slices(emu, monkeypatch, dtype, vec):
     """o_proj_kv_slices: the gate/up prologue reads x with the o-proj's partial sums by 16-byte
