@@ -30,8 +30,8 @@ drift, argmax agreement) and only gated when `max_quant_drift` is set.
 
 The worker (`serve`) is the child process of a campaign: it loads the model once, then
 answers evaluate requests over a pipe. Test hooks: `AMK_AUTOTUNE_FAULT="crash@3,hang@5,
-corrupt@2,raise@4"` makes trial 3 kill its process, trial 5 hang, trial 2 run with a
-corrupted weight (a genuinely incorrect program) and trial 4 raise.
+corrupt@2,raise@4,slow@1"` makes trial 3 kill its process, trial 5 hang, trial 2 run with a
+corrupted weight (a genuinely incorrect program), trial 4 raise and trial 1 take 3 s more.
 """
 
 from __future__ import annotations
@@ -769,6 +769,8 @@ def run_trial(evaluator: Evaluator, msg: dict) -> dict:
     if fault == "hang":
         while True:
             time.sleep(3600)
+    if fault == "slow":  # a trial that takes a few seconds: a window for the tests' stop signals
+        time.sleep(3.0)
     cfg = ScheduleConfig.model_validate(msg["config"])
     parent = ScheduleConfig.model_validate(msg["parent"]) if msg.get("parent") else None
     best = ScheduleConfig.model_validate(msg["best"]) if msg.get("best") else None
@@ -802,7 +804,11 @@ def serve(conn, init: dict) -> None:
         os.environ.clear()
         os.environ.update(init["env"])
     campaign_pid = int(init.get("campaign_pid") or os.getppid())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the campaign's to handle
+    # Ctrl-C, `timeout` and `kill -- -PGID` signal the whole process group: stopping is the
+    # campaign's to handle (it finishes or aborts the trial in flight, then ends this worker;
+    # _watch_parent ends it if the campaign dies)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         os.dup2(2, 1)  # stray prints must not reach the campaign's stdout (--json)
         sys.stdout = sys.stderr

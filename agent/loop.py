@@ -53,7 +53,8 @@ from amk.agent.proposers import (
 )
 from amk.schedule.config import ScheduleConfig
 
-PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "amk.schedule.lower",
+# (forkserver_signals first: the server must outlive a process group's SIGTERM from its start)
+PRELOAD = ["amk.agent.forkserver_signals", "torch", "transformers", "transformers.models.llama.modeling_llama", "amk.schedule.lower",
            "amk.schedule.validate", "amk.schedule.importer", "amk.vm.reference", "amk.eval.oracle",
            "amk.agent.evaluators"]
 DEFAULT_TRIALS = 50

@@ -185,6 +185,51 @@ def test_sigterm_finishes_the_trial_in_flight_and_writes_the_report(model, tmp_p
     assert Path(out["report"]["md"]).is_file() and "status **stopped**" in Path(out["report"]["md"]).read_text()
 
 
+def test_group_sigterm_stops_the_campaign_and_the_trial_in_flight_finishes(model, tmp_path):
+    """`timeout`, Ctrl-C and `kill -- -PGID` signal the worker too: it must leave stopping to the
+    campaign, so the trial in flight ends as measured, not as a crash."""
+    journal = tmp_path / "j"
+    script = tmp_path / "campaign.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from pathlib import Path
+        from amk.agent.loop import CampaignSettings, run_campaign
+        if __name__ == "__main__":
+            out = run_campaign(CampaignSettings(model={model!r}, random_init=True, kv_capacity=16, evaluator="cpu",
+                                                proposer="local", fixed={FIXED!r}, journal_dir=Path({str(journal)!r}),
+                                                eval_options={{"prompt_len": 4}}, trial_timeout_s=120, trials=4,
+                                                report_every=0), handle_signals=True)
+            print(json.dumps({{"status": out["status"]}}))
+    """))
+    env = {**os.environ, FAULT_ENV: "slow@1"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    try:
+        while True:  # wait until the slow trial 1 is in flight
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "trial 1 never started"
+            try:
+                db = sqlite3.connect(f"file:{journal / 'journal.sqlite'}?mode=ro", uri=True)
+                running = db.execute("SELECT COUNT(*) FROM trials WHERE n=1 AND state='running'").fetchone()[0]
+                db.close()
+            except sqlite3.Error:
+                running = 0
+            if running:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as `timeout` does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert json.loads(out.decode().strip().splitlines()[-1])["status"] == "stopped"
+    t = rows(journal)
+    assert len(t) == 2 and t[1]["state"] == "done" and t[1]["verdict"] == "pass", [(r["state"], r["verdict"]) for r in t]
+
+
 # ----------------------------------------------------------------------------- the floor guard
 class _TooFast(CpuEvaluator):
     """An evaluator whose timing is broken: 1000x below the cost model (and the floor)."""
