@@ -75,7 +75,8 @@ class CampaignSettings:
     evaluator: str = "cpu"  # cpu | cuda | module:Class
     journal_dir: Path = Path("amk-autotune")
     trials: Optional[int] = None  # total trials of the campaign (resumed ones included)
-    minutes: Optional[float] = None  # wall-clock budget of this run
+    minutes: Optional[float] = None  # wall-clock budget of the trials (after the model loads); a trial
+    # still running at its end gets stop_grace_s more, then is aborted (verdict 'interrupted')
     overnight: bool = False  # run until stopped (or trials/minutes), hop on plateaus
     resume: bool = False
     proposer: str = "auto"
@@ -220,7 +221,12 @@ class TrialRunner:
             return run_trial(self._inline, msg)
         if self.proc is None or not self.proc.is_alive():
             self._kill()
-            self._spawn(abort)
+            try:
+                self._spawn(abort)
+            except CampaignError as exc:
+                if not abort():
+                    raise
+                return {"verdict": "interrupted", "violations": [str(exc)]}
             self.restarts += 1
         t0 = time.monotonic()
         try:
@@ -394,14 +400,18 @@ def run_campaign(s: CampaignSettings, *, proposer: Optional[Proposer] = None,
         if bar is not None:
             bar.update(bar.task_ids[0], completed=n)
 
+        def out_of_minutes(grace_s: float = 0.0) -> bool:
+            return s.minutes is not None and time.monotonic() - t0 >= s.minutes * 60 + grace_s
+
         def budget_left() -> bool:
             if stop.soft:
                 return False
             if trials_budget is not None and n >= trials_budget:
                 return False
-            if s.minutes is not None and time.monotonic() - t0 >= s.minutes * 60:
-                return False
-            return True
+            return not out_of_minutes()
+
+        def abort_trial() -> bool:  # a stop signal's grace, or the minutes' (so that --minutes bounds the run)
+            return stop.hard() or out_of_minutes(s.stop_grace_s)
 
         exhausted = False
         while budget_left():
@@ -419,7 +429,7 @@ def run_campaign(s: CampaignSettings, *, proposer: Optional[Proposer] = None,
                                 parent_hash=config_hash(parent))
             res = runner.run({"cmd": "evaluate", "trial": n, "config": cfg.model_dump(mode="json"),
                               "parent": parent.model_dump(mode="json") if parent else None,
-                              "best": best.config.model_dump(mode="json") if best else None}, abort=stop.hard)
+                              "best": best.config.model_dump(mode="json") if best else None}, abort=abort_trial)
             verdict, violations = verdict_of(res)
             latency = res.get("latency_us") if verdict == PASS else None
             kept, accepted = _decide(res, verdict, latency, best, parent, seen)

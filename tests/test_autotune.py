@@ -230,6 +230,16 @@ def test_group_sigterm_stops_the_campaign_and_the_trial_in_flight_finishes(model
     assert len(t) == 2 and t[1]["state"] == "done" and t[1]["verdict"] == "pass", [(r["state"], r["verdict"]) for r in t]
 
 
+def test_minutes_abort_the_trial_in_flight_after_the_grace(model, tmp_path, monkeypatch):
+    """--minutes bounds the run: a trial still running at the end (here one that hangs) is aborted
+    after stop_grace_s and recorded as interrupted, not left to its 20 s trial timeout."""
+    monkeypatch.setenv(FAULT_ENV, "hang@0")  # the first trial starts with the minutes
+    out = run_campaign(settings(model, tmp_path / "j", minutes=2 / 60, stop_grace_s=1.0, trial_timeout_s=20.0))
+    t = rows(tmp_path / "j")
+    assert out["status"] == "finished"
+    assert [(r["n"], r["verdict"]) for r in t] == [(0, "interrupted")]
+
+
 # ----------------------------------------------------------------------------- the floor guard
 class _TooFast(CpuEvaluator):
     """An evaluator whose timing is broken: 1000x below the cost model (and the floor)."""
