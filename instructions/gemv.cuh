@@ -378,12 +378,159 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
+// AMK_GEMV_I8_MMA (off; eval/PERF_NOTES.md item 148): symmetric int8 rows on the tensor cores,
+// to issue fewer instructions a weight byte than amk_gemv_row_vec's PRMT + FADD + FFMA a code.
+// A warp takes 16 rows, a pass 64 columns of them as 4 mma.sync.m16n8k16 (f16 in, fp32 sums).
+// Lane (g, t) loads 16 bytes of rows g and g + 8 at column 16t of the pass; word j of them is
+// its A fragment of MMA j, which fixes a permutation of the pass's columns, and the same
+// columns of x make its B fragment. Every column of B is x, so every column of D is the dot:
+// d[0] is row g's, d[2] row g + 8's. A code c becomes the half 1024 + (c + 128) by one byte
+// permute, less 1152: exact. x is split into hi + lo halves (22 of its 24 bits; |x| must stay
+// under 65504). A group's MMAs sum apart, then one FFMA by the row's scale.
+#ifndef AMK_GEMV_I8_MMA
+#define AMK_GEMV_I8_MMA 0
+#endif
+#if AMK_GEMV_I8_MMA && (defined(__HIPCC__) || defined(__HIPCC_RTC__))
+#error "AMK_GEMV_I8_MMA needs NVIDIA's mma.sync"
+#endif
+#if AMK_GEMV_I8_MMA
+#ifndef AMK_GEMV_I8_MMA_UNROLL
+#define AMK_GEMV_I8_MMA_UNROLL 2  // passes of one matrix a batch (4 loads of 16 bytes a lane; 4 spills 192 B on sm_90)
+#endif
+constexpr int AMK_MMA_PASS = 64;  // columns a pass: 4 vectors of 16 codes, one a lane of a quad
+
+AMK_DEVICE bool amk_gemv_i8_mma_ok(const AmkGemvW& w, const AmkGroupOf& grp, int K) {
+  return w.sb != nullptr && w.zb == nullptr && K % AMK_MMA_PASS == 0 &&
+         (grp.shift == 30 || (grp.shift >= 2 && (grp.v0 & 3) == 0));  // a pass inside one group
+}
+
+// (a, b) as hi + lo half pairs
+AMK_DEVICE void amk_f16x2_split(float a, float b, unsigned& hi, unsigned& lo) {
+  hi = amk_f16x2_rn(a, b);
+  lo = amk_f16x2_rn(a - amk_f16_to_f32((unsigned short)hi), b - amk_f16_to_f32((unsigned short)(hi >> 16)));
+}
+
+// Whether amk_gemv_rows takes the MMA rows for this task (block-uniform: the prologue splits x
+// for them, amk_gemv_split_x).
+AMK_DEVICE bool amk_gemv_i8_mma_takes(const AmkGemvW& w, const AmkGemvW& w2, int K) {
+  AmkGroupOf grp, grp2;
+  return w.wb->dtype == AMK_DTYPE_I8 && amk_gemv_vec_ok<AMK_DTYPE_I8>(w, K, grp) &&
+         amk_gemv_vec_ok<AMK_DTYPE_I8>(w2, K, grp2) && amk_gemv_i8_mma_ok(w, grp, K) && amk_gemv_i8_mma_ok(w2, grp2, K);
+}
+
+// x's column pairs (2i, 2i + 1), in place, as the words {hi, hi'} and {lo, lo'} of their halves:
+// the MMA rows' B fragments, one shared load each, split once a task instead of once a warp.
+AMK_DEVICE void amk_gemv_split_x(float* xs, AmkXPad xp, int K) {
+  for (int i = 2 * threadIdx.x; i < K; i += 2 * blockDim.x) {  // a pair never straddles x's padding (16-column vectors)
+    float* p = xs + xp.at(i);
+    unsigned hi, lo;
+    amk_f16x2_split(p[0], p[1], hi, lo);
+    p[0] = __uint_as_float(hi), p[1] = __uint_as_float(lo);
+  }
+}
+
+// Codes 0, 1 of w as a half pair (lo) and codes 2, 3 (hi), exactly.
+AMK_DEVICE void amk_i8_half_pairs(unsigned w, unsigned& lo, unsigned& hi) {
+  const unsigned b = w ^ 0x80808080u;                                          // c + 128
+  lo = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4140u), 0x64806480u);  // (1024 + c + 128) - 1152
+  hi = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4342u), 0x64806480u);
+}
+
+template <bool PAIR>
+AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+                                     AmkXPad xp, float* acc, int rows, int K) {
+  constexpr int NM = PAIR ? 2 : 1, U = AMK_GEMV_I8_MMA_UNROLL / NM;  // passes a batch of loads
+  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, xstride = 16 + xp.pad, passes = K / AMK_MMA_PASS;
+  const AmkGemvW* ws[2] = {&w, &w2};
+#pragma unroll 1
+  for (int r0 = amk_warp() * 16; r0 < rows; r0 += amk_nwarps() * 16) {  // warp-uniform: the MMA takes all 32 lanes
+    const int r[2] = {r0 + g, r0 + g + 8};
+    const char* row[NM][2];
+    AmkQRow sc[NM][2];
+#pragma unroll
+    for (int i = 0; i < NM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = r[h] < rows ? r[h] : r0;  // a row past the slab reads row r0 (its sums are dropped)
+        row[i][h] = (const char*)ws[i]->wb->ptr + ws[i]->off + (amk_i64)rr * ws[i]->stride + 16 * t;
+        sc[i][h] = amk_qrow(ws[i]->sb, ws[i]->soff + (amk_i64)rr * ws[i]->sstride);
+      }
+    float s[NM][2] = {}, d[NM][4] = {};
+    int gcur = grp(0);
+#pragma unroll 1
+    for (int p0 = 0; p0 < passes; p0 += U) {
+      amk_u32x4 q[U][NM][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u)  // every load of the batch before the first use
+        if (p0 + u < passes) {
+#pragma unroll
+          for (int i = 0; i < NM; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) q[u][i][h] = amk_ld16_weight(row[i][h] + (amk_i64)(p0 + u) * AMK_MMA_PASS);
+        }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = p0 + u;
+        if (p >= passes) break;
+        const int gp = grp(4 * p);
+        if (gp != gcur) {  // (warp-uniform) the group's sums, scaled
+#pragma unroll
+          for (int i = 0; i < NM; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gcur)) * d[i][2 * h];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[i][e] = 0.0f;
+          }
+          gcur = gp;
+        }
+        const float4* xv = (const float4*)(xs + (4 * p + t) * xstride);  // split by amk_gemv_split_x
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float4 xw = xv[j];
+          const unsigned bh[2] = {(unsigned)__float_as_int(xw.x), (unsigned)__float_as_int(xw.z)},
+                         bl[2] = {(unsigned)__float_as_int(xw.y), (unsigned)__float_as_int(xw.w)};
+#pragma unroll
+          for (int i = 0; i < NM; ++i) {
+            const amk_u32x4 &qa = q[u][i][0], &qb = q[u][i][1];
+            unsigned a[4];
+            amk_i8_half_pairs(j == 0 ? qa.x : j == 1 ? qa.y : j == 2 ? qa.z : qa.w, a[0], a[2]);
+            amk_i8_half_pairs(j == 0 ? qb.x : j == 1 ? qb.y : j == 2 ? qb.z : qb.w, a[1], a[3]);
+            amk_mma_16816_f16(d[i], a, bh);
+            amk_mma_16816_f16(d[i], a, bl);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NM; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gcur)) * d[i][2 * h];
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r[h] < rows) {
+          acc[r[h] * NM] = s[0][h];
+          if (PAIR) acc[r[h] * NM + 1] = s[NM - 1][h];
+        }
+    }
+  }
+}
+#endif
+
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
+#if AMK_GEMV_I8_MMA
+  if constexpr (DT == AMK_DTYPE_I8) {
+    if (amk_gemv_i8_mma_takes(w, w2, K)) {
+      amk_gemv_rows_i8_mma<PAIR>(w, w2, grp, xs, xp, acc, rows, K);
+      return;
+    }
+  }
+#endif
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1
@@ -554,6 +701,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
+#if AMK_GEMV_I8_MMA
+  if (amk_gemv_w_ok(w) && amk_gemv_w_ok(w2) && amk_gemv_i8_mma_takes(w, w2, K)) {
+    amk_gemv_split_x(xs, xp, K);
+    amk_syncthreads();
+  }
+#endif
   amk_trace_mark(c, 0);  // prologue done
 
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {

@@ -24,6 +24,7 @@ from vm_cases import (
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
+    I8_MMA_CASES,
     HALF_WEIGHT_CASES,
     PROMPT,
     TORCH,
@@ -67,6 +68,15 @@ def test_argmax_ties_and_nan(emu, case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(emu, name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+
+
+@pytest.mark.parametrize("name", I8_MMA_CASES)
+def test_gemv_i8_mma(emu, monkeypatch, name):
+    """AMK_GEMV_I8_MMA: symmetric int8 rows as tensor-core MMAs (the emulator's mma.sync has the
+    PTX fragment layout), x split into hi + lo halves: within the fp32 bound of the ReferenceVM."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_I8_MMA=1")
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 

@@ -20,6 +20,7 @@ from vm_cases import (
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
+    I8_MMA_CASES,
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
@@ -75,6 +76,14 @@ def test_argmax_ties_and_nan(case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
+
+
+@pytest.mark.parametrize("name", I8_MMA_CASES)
+def test_gemv_i8_mma(monkeypatch, name):
+    """AMK_GEMV_I8_MMA: symmetric int8 rows on the tensor cores (mma.sync), against the ReferenceVM."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_I8_MMA=1")
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 

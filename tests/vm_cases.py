@@ -90,7 +90,11 @@ GEMV_CASES = {
     "tail_rows_add": GemvCase(rows=11, k=4096, epilogue=Epilogue.ADD, bias=True),
     "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
+    # groups of 64 (one a tensor-core pass, AMK_GEMV_I8_MMA) over split-K slices, rows not a multiple of 16
+    "i8_g64_split": GemvCase(rows=40, k=512, quant="i8", group=64, split_k=2, epilogue=Epilogue.ADD, norm_eps=1e-5),
 }
+# the cases whose int8 rows AMK_GEMV_I8_MMA takes (groups of 64 or more, K a multiple of 64)
+I8_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split"]
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the

@@ -119,6 +119,29 @@ AMK_DEVICE unsigned short amk_f32_to_f16(float f) {
   return h;
 }
 
+// ---------------------------------------------------------------- half pairs and tensor cores (sm_80+)
+// Used only by the int8 rows of AMK_GEMV_I8_MMA (instructions/gemv.cuh). A pair holds element 0
+// in its low 16 bits.
+AMK_DEVICE unsigned amk_f16x2_rn(float lo, float hi) {  // each rounded to nearest even
+  unsigned r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {
+  unsigned r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// d += A B over one warp, A 16 x 16 and B 16 x 8 halves, d fp32 (mma.sync.m16n8k16). Lane g * 4 + t
+// holds a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9],
+// b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g], d = D[g][2t, 2t+1], D[g+8][2t, 2t+1].
+AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // ---------------------------------------------------------------- exact arithmetic
 // Element-wise steps that the reference does as separate torch ops must not be contracted
 // into FMAs: these round each step exactly once, as torch does.

@@ -31,7 +31,7 @@ struct alignas(16) float4 {
 
 struct AmkEmuBlock {
   explicit AmkEmuBlock(int threads, int smem_bytes)
-      : bar(threads), exch(threads), dyn(smem_bytes / 16 + 1), arena(8192) {
+      : bar(threads), exch(threads), mma(6 * threads), dyn(smem_bytes / 16 + 1), arena(8192) {
     for (int w = 0; w < threads / AMK_WARP_SIZE; ++w) warp_bars.emplace_back(new std::barrier<>(AMK_WARP_SIZE));
   }
   ~AmkEmuBlock() {
@@ -40,6 +40,7 @@ struct AmkEmuBlock {
   std::barrier<> bar;
   std::vector<std::barrier<>*> warp_bars;
   std::vector<unsigned> exch;
+  std::vector<unsigned> mma;  // each lane's A and B fragments (amk_mma_16816_f16)
   std::vector<float4> dyn;
   std::vector<float4> arena;  // AMK_BLOCK_SHARED variables, 1 KiB each
 };
@@ -145,6 +146,33 @@ AMK_DEVICE unsigned short amk_f32_to_f16(float f) {
   unsigned short h;
   memcpy(&h, &x, 2);
   return h;
+}
+
+// Half pairs and the tensor-core MMA, with vm/arch_cuda.h's fragment layout. The MMA sums its
+// products in k order in fp32 (the hardware's order and rounding inside differ: results agree to
+// within fp32 rounding, not bit for bit).
+AMK_DEVICE unsigned amk_f16x2_rn(float lo, float hi) { return amk_f32_to_f16(lo) | ((unsigned)amk_f32_to_f16(hi) << 16); }
+AMK_DEVICE float amk_emu_half(unsigned pair, int i) { return amk_f16_to_f32((unsigned short)(pair >> (16 * i))); }
+AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {  // exact for the integers it is used on
+  return amk_f16x2_rn(amk_emu_half(a, 0) - amk_emu_half(b, 0), amk_emu_half(a, 1) - amk_emu_half(b, 1));
+}
+AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
+  const int t = threadIdx.x, lane = t % AMK_WARP_SIZE, base = t - lane;
+  unsigned* f = amk_emu_block->mma.data();
+  for (int i = 0; i < 4; ++i) f[6 * t + i] = a[i];
+  f[6 * t + 4] = b[0], f[6 * t + 5] = b[1];
+  amk_syncwarp();
+  auto A = [&](int r, int k) {  // lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8)
+    return amk_emu_half(f[6 * (base + (r % 8) * 4 + (k % 8) / 2) + (r >= 8) + 2 * (k >= 8)], k % 2);
+  };
+  auto B = [&](int k, int n) { return amk_emu_half(f[6 * (base + n * 4 + (k % 8) / 2) + 4 + (k >= 8)], k % 2); };
+  for (int i = 0; i < 4; ++i) {
+    const int r = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
+    float s = d[i];
+    for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+    d[i] = s;
+  }
+  amk_syncwarp();
 }
 
 // ---------------------------------------------------------------- arithmetic (-ffp-contract=off)
