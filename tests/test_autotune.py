@@ -64,6 +64,23 @@ def rows(journal: Path) -> list[dict]:
         return j.trials(c["id"])
 
 
+def wait_until_running(proc: subprocess.Popen, journal: Path, n: int, timeout_s: float = 120.0) -> None:
+    """Until the campaign in `proc` has trial n in flight (read from its journal)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, f"trial {n} never started"
+        try:
+            db = sqlite3.connect(f"file:{journal / 'journal.sqlite'}?mode=ro", uri=True)
+            running = db.execute("SELECT COUNT(*) FROM trials WHERE n=? AND state='running'", (n,)).fetchone()[0]
+            db.close()
+        except sqlite3.Error:
+            running = 0
+        if running:
+            return
+        time.sleep(0.1)
+
+
 # ----------------------------------------------------------------------------- the campaign
 def test_campaign_beats_default_and_survives_crash_and_hang(model, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "crash@2,hang@4")
@@ -137,20 +154,8 @@ def test_resume_after_kill_loses_only_the_trial_in_flight(model, tmp_path):
     """))
     env = {**os.environ, FAULT_ENV: "hang@3"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
     try:
-        while True:  # wait until trial 3 is in flight
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "trial 3 never started"
-            try:
-                db = sqlite3.connect(f"file:{journal / 'journal.sqlite'}?mode=ro", uri=True)
-                running = db.execute("SELECT COUNT(*) FROM trials WHERE n=3 AND state='running'").fetchone()[0]
-                db.close()
-            except sqlite3.Error:
-                running = 0
-            if running:
-                break
-            time.sleep(0.3)
+        wait_until_running(proc, journal, 3)
         before = rows(journal)
     finally:
         proc.send_signal(signal.SIGKILL)
@@ -204,20 +209,8 @@ def test_group_sigterm_stops_the_campaign_and_the_trial_in_flight_finishes(model
     env = {**os.environ, FAULT_ENV: "slow@1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
     try:
-        while True:  # wait until the slow trial 1 is in flight
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "trial 1 never started"
-            try:
-                db = sqlite3.connect(f"file:{journal / 'journal.sqlite'}?mode=ro", uri=True)
-                running = db.execute("SELECT COUNT(*) FROM trials WHERE n=1 AND state='running'").fetchone()[0]
-                db.close()
-            except sqlite3.Error:
-                running = 0
-            if running:
-                break
-            time.sleep(0.1)
+        wait_until_running(proc, journal, 1)  # the slow trial
         os.killpg(proc.pid, signal.SIGTERM)  # the whole group, as `timeout` does
         out, err = proc.communicate(timeout=60)
     finally:
