@@ -455,7 +455,16 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
         row[i][h] = (const char*)ws[i]->wb->ptr + ws[i]->off + (amk_i64)rr * ws[i]->stride + 16 * t;
         sc[i][h] = amk_qrow(ws[i]->sb, ws[i]->soff + (amk_i64)rr * ws[i]->sstride);
       }
-    float s[NM][2] = {}, d[NM][4] = {};
+    float s[NM][2] = {}, d[NM][2][4] = {};  // the hi and lo MMAs sum apart: two dependent chains, not one
+    auto add_group = [&](int gi) {           // the group's sums, scaled by each row's scale, into s
+#pragma unroll
+      for (int i = 0; i < NM; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gi)) * (d[i][0][2 * h] + d[i][1][2 * h]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[i][0][e] = d[i][1][e] = 0.0f;
+      }
+    };
     int gcur = grp(0);
 #pragma unroll 1
     for (int p0 = 0; p0 < passes; p0 += U) {
@@ -473,14 +482,8 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
         const int p = p0 + u;
         if (p >= passes) break;
         const int gp = grp(4 * p);
-        if (gp != gcur) {  // (warp-uniform) the group's sums, scaled
-#pragma unroll
-          for (int i = 0; i < NM; ++i) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gcur)) * d[i][2 * h];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) d[i][e] = 0.0f;
-          }
+        if (gp != gcur) {  // (warp-uniform)
+          add_group(gcur);
           gcur = gp;
         }
         const float4* xv = (const float4*)(xs + (4 * p + t) * xstride);  // split by amk_gemv_split_x
@@ -495,16 +498,13 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
             unsigned a[4];
             amk_i8_half_pairs(j == 0 ? qa.x : j == 1 ? qa.y : j == 2 ? qa.z : qa.w, a[0], a[2]);
             amk_i8_half_pairs(j == 0 ? qb.x : j == 1 ? qb.y : j == 2 ? qb.z : qb.w, a[1], a[3]);
-            amk_mma_16816_f16(d[i], a, bh);
-            amk_mma_16816_f16(d[i], a, bl);
+            amk_mma_16816_f16(d[i][0], a, bh);
+            amk_mma_16816_f16(d[i][1], a, bl);
           }
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < NM; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gcur)) * d[i][2 * h];
+    add_group(gcur);
     if (t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
