@@ -175,6 +175,29 @@ def test_spill_sites_counts_marked_local_accesses_by_line():
     assert compile_check.spill_sites(disasm) == {("gemv.cuh", 38): 1, ("megakernel.cu", 160): 2}
 
 
+def test_loops_are_the_innermost_with_their_16_byte_loads():
+    disasm = "\n".join([
+        ".L_x_1:",  # an outer loop around the inner one: not reported
+        "        /*0000*/                   IMAD R1, R2, R3, R4 ;",
+        ".L_x_2:",
+        "        /*0010*/                   LDG.E.NA.128.CONSTANT R40, desc[UR12][R90.64] ;",
+        "        /*0020*/              @!P1 LDG.E.NA.128.CONSTANT R44, desc[UR12][R88.64] ;",
+        "        /*0030*/                   LDG.E R5, desc[UR12][R6.64] ;",  # not a 16-byte load
+        "        /*0040*/                   HMMA.16816.F32 R8, R12, R16, R8 ;",
+        "        /*0050*/                   HMMA.16816.F32 R8, R12, R18, R8 ;",
+        "        /*0060*/               @P0 BRA `(.L_x_2) ;",
+        "        /*0070*/                   FADD R2, R3, R4 ;",
+        "        /*0080*/               @P2 BRA `(.L_x_1) ;",
+        "        /*0090*/                   BRA `(.L_x_3) ;",  # forward: no loop
+        ".L_x_3:",
+        "        /*00a0*/                   EXIT ;",
+    ])
+    (lp,) = compile_check.loops(disasm)
+    assert lp["label"] == ".L_x_2" and lp["instructions"] == 6 and lp["loads16"] == 2
+    assert lp["mix"] == {"HMMA": 2, "LDG128": 2, "BRA": 1, "LDG": 1}
+    assert compile_check.loops(disasm, min_instructions=7) == []
+
+
 def test_knob_defines_follow_the_program():
     from vm_cases import lowered
 

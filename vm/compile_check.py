@@ -5,6 +5,7 @@
     python -m amk.vm.compile_check 90 --build int4 -D AMK_ATTN_PV_WIDE=1   # a loader build, a define
     python -m amk.vm.compile_check 90 --build bf16 --code-size --by-source 20 [--sources DIR]
                                               # code bytes, and which functions make them up
+    python -m amk.vm.compile_check 90 --build int8 --loops 150   # the hot loops: instructions per byte
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
 block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
@@ -206,6 +207,42 @@ def spill_sites(disasm: str) -> dict[tuple[str, int], int]:
     return counts
 
 
+_SASS_OP = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_SASS_LABEL = re.compile(r"^(\.L_x_\d+):")
+_SASS_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
+
+
+def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
+    """The innermost loops of a disassembly (a label and a later branch back to it, holding no
+    other such loop): their instructions, 16-byte global loads (LDG ... .128) and opcode mix,
+    largest first. A hot loop's instructions over its loads' bytes is what it issues per byte
+    streamed."""
+    ops: list[str] = []
+    labels: dict[str, int] = {}
+    found = []
+    for line in disasm.splitlines():
+        m = _SASS_LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(ops)
+            continue
+        m = _SASS_OP.match(line)
+        if not m:
+            continue
+        op = m.group(1)
+        ops.append(op if "LDG" not in line else ("LDG128" if ".128" in line else "LDG"))
+        b = _SASS_BRANCH.search(line)
+        if b and b.group(1) in labels:
+            found.append((labels[b.group(1)], len(ops), b.group(1)))
+    inner = [(a, e, lab) for a, e, lab in found
+             if e - a >= min_instructions and not any(a <= a2 and e2 <= e and (a2, e2) != (a, e) for a2, e2, _ in found)]
+    out = []
+    for a, e, lab in inner:
+        body = ops[a:e]
+        out.append({"label": lab, "instructions": len(body), "loads16": body.count("LDG128"),
+                    "mix": dict(sorted(((o, body.count(o)) for o in set(body)), key=lambda kv: (-kv[1], kv[0])))})
+    return sorted(out, key=lambda d: -d["instructions"])
+
+
 def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                    root: Path | None = None) -> dict[tuple[str, str], int]:
     """Instructions of the megakernel per (source file, function): what makes the code large
@@ -258,6 +295,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--spill-sites", action="store_true",
                     help="also print the source lines of the spill stores and refills (needs nvdisasm): "
                          "a spill on a cold path costs nothing, one in a loop does")
+    ap.add_argument("--loops", type=int, default=0, metavar="N",
+                    help="also print every loop of at least N instructions, its 16-byte global loads and its "
+                         "most frequent opcodes (needs nvdisasm): instructions issued per byte streamed")
     ap.add_argument("--sources", default=None, metavar="DIR",
                     help="check and measure the tree at DIR (its vm/ and instructions/) instead of this one, "
                          "e.g. an older commit's `git archive`")
@@ -285,6 +325,12 @@ def main(argv: list[str]) -> int:
         print(f"sm_{arch}{tag}: {sum(sites.values())} spill stores and refills" + (":" if sites else ""))
         for (f, line), n in sorted(sites.items()):
             print(f"  {n:4}  {f}:{line}")
+    for arch in archs if a.loops else ():
+        print(f"sm_{arch}{tag}: loops of {a.loops} instructions or more:")
+        for lp in loops(_disassemble(arch, DEFAULT_THREADS, defines, a.sources), a.loops):
+            per_byte = f"{lp['instructions'] / (16 * lp['loads16']):.2f} a byte" if lp["loads16"] else "no 16-byte loads"
+            mix = ", ".join(f"{o} {n}" for o, n in list(lp["mix"].items())[:8])
+            print(f"  {lp['label']}: {lp['instructions']} instructions, {lp['loads16']} 16-byte loads ({per_byte}); {mix}")
     return status
 
 
