@@ -385,8 +385,8 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 // its A fragment of MMA j, which fixes a permutation of the pass's columns, and the same
 // columns of x make its B fragment. Every column of B is x, so every column of D is the dot:
 // d[0] is row g's, d[2] row g + 8's. A code c becomes the half 1024 + (c + 128) by one byte
-// permute, less 1152: exact. x is split into hi + lo halves (22 of its 24 bits; |x| must stay
-// under 65504). A group's MMAs sum apart, then one FFMA by the row's scale.
+// permute, less 1152: exact. x / 64 is split into hi + lo halves (22 of its 24 bits; |x| must
+// stay under 4.2e6). A group's MMAs sum apart, then one FFMA by the row's scale (x 64).
 #ifndef AMK_GEMV_I8_MMA
 #define AMK_GEMV_I8_MMA 0
 #endif
@@ -403,6 +403,11 @@ AMK_DEVICE bool amk_gemv_i8_mma_ok(const AmkGemvW& w, const AmkGroupOf& grp, int
   return w.sb != nullptr && w.zb == nullptr && K % AMK_MMA_PASS == 0 &&
          (grp.shift == 30 || (grp.shift >= 2 && (grp.v0 & 3) == 0));  // a pass inside one group
 }
+
+// x is split as x / 64 (exact: a power of two), which keeps |x| < 4.2e6 inside the halves' range
+// (65504 x 64) at the cost of the lo half's resolution near zero (absolute 2^-24 x 64 per column,
+// far under the fp32 bound on a dot); the group sums are scaled back by 64.
+constexpr float AMK_MMA_X_DOWN = 1.0f / 64.0f, AMK_MMA_X_UP = 64.0f;
 
 // (a, b) as hi + lo half pairs
 AMK_DEVICE void amk_f16x2_split(float a, float b, unsigned& hi, unsigned& lo) {
@@ -424,7 +429,7 @@ AMK_DEVICE void amk_gemv_split_x(float* xs, AmkXPad xp, int K) {
   for (int i = 2 * threadIdx.x; i < K; i += 2 * blockDim.x) {  // a pair never straddles x's padding (16-column vectors)
     float* p = xs + xp.at(i);
     unsigned hi, lo;
-    amk_f16x2_split(p[0], p[1], hi, lo);
+    amk_f16x2_split(p[0] * AMK_MMA_X_DOWN, p[1] * AMK_MMA_X_DOWN, hi, lo);
     p[0] = __uint_as_float(hi), p[1] = __uint_as_float(lo);
   }
 }
@@ -460,7 +465,8 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
 #pragma unroll
       for (int i = 0; i < NM; ++i) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) s[i][h] += sc[i][h].value(sc[i][h].raw(gi)) * (d[i][0][2 * h] + d[i][1][2 * h]);
+        for (int h = 0; h < 2; ++h)
+          s[i][h] += sc[i][h].value(sc[i][h].raw(gi)) * AMK_MMA_X_UP * (d[i][0][2 * h] + d[i][1][2 * h]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[i][0][e] = d[i][1][e] = 0.0f;
       }

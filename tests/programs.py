@@ -223,6 +223,7 @@ class GemvCase:
     out_dtype: DType = DType.F32
     vocab: int = 4
     kv_capacity: int = 8
+    x_scale: float = 1.0  # x's magnitude (e.g. beyond the halves' range, for AMK_GEMV_I8_MMA)
 
 
 def gemv_program(c: GemvCase, seed: int = 0):
@@ -236,7 +237,7 @@ def gemv_program(c: GemvCase, seed: int = 0):
     tok = b.buf("token", K.IO_INPUT, [1], DType.I32)
     pos = b.buf("pos", K.IO_INPUT, [1], DType.I32)
     x_table = b.buf("x_table", K.WEIGHT, [c.vocab, c.k])
-    tensors["x_table"] = rand(c.vocab, c.k, gen=gen)
+    tensors["x_table"] = rand(c.vocab, c.k, gen=gen) * c.x_scale
     w = add_matrix(b, tensors, "w", rand(c.rows, c.k, gen=gen, scale=c.k ** -0.5), c.quant, c.group)
     w2 = add_matrix(b, tensors, "w2", rand(c.rows, c.k, gen=gen, scale=c.k ** -0.5), c.quant, c.group) if m == 2 else None
     extras: dict[str, Buffer] = {}

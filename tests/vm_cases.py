@@ -92,9 +92,11 @@ GEMV_CASES = {
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
     # groups of 64 (one a tensor-core pass, AMK_GEMV_I8_MMA) over split-K slices, rows not a multiple of 16
     "i8_g64_split": GemvCase(rows=40, k=512, quant="i8", group=64, split_k=2, epilogue=Epilogue.ADD, norm_eps=1e-5),
+    # x far beyond a half's 65504 (activations of a few 1e5 in some layers)
+    "i8_large_x": GemvCase(rows=32, k=256, quant="i8", group=128, x_scale=3e5),
 }
 # the cases whose int8 rows AMK_GEMV_I8_MMA takes (groups of 64 or more, K a multiple of 64)
-I8_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split"]
+I8_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x"]
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the
