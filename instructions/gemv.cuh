@@ -378,36 +378,82 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// AMK_GEMV_I8_MMA (off; eval/PERF_NOTES.md item 148): symmetric int8 rows on the tensor cores,
-// to issue fewer instructions a weight byte than amk_gemv_row_vec's PRMT + FADD + FFMA a code.
-// A warp takes 16 rows, a pass 64 columns of them as 4 mma.sync.m16n8k16 (f16 in, fp32 sums).
-// Lane (g, t) loads 16 bytes of rows g and g + 8 at column 16t of the pass; word j of them is
-// its A fragment of MMA j, which fixes a permutation of the pass's columns, and the same
-// columns of x make its B fragment. Every column of B is x, so every column of D is the dot:
-// d[0] is row g's, d[2] row g + 8's. A code c becomes the half 1024 + (c + 128) by one byte
-// permute, less 1152: exact. x / 64 is split into hi + lo halves (22 of its 24 bits; |x| must
-// stay under 4.2e6). A group's MMAs sum apart, then one FFMA by the row's scale (x 64).
+// AMK_GEMV_I8_MMA, AMK_GEMV_U4_MMA (off; eval/PERF_NOTES.md items 148-150): quantized rows on the
+// tensor cores, to issue fewer instructions a weight byte than amk_gemv_row_vec (a PRMT, a FADD
+// and an FFMA a code). A warp takes 16 rows, a pass 4 vectors of them as mma.sync.m16n8k16 (f16
+// in, fp32 sums). Lane (g, t) loads vector t of the pass of rows g and g + 8; pairs of its codes
+// are its A fragments, which fixes a permutation of the pass's columns, and the same columns of
+// x make its B fragment. Every column of B is x, so every column of D is the dot: d[0] is row
+// g's, d[2] row g + 8's. Codes become exact halves (1024 + code, less 1024; I8 biased by 128).
+// x / 64 is split into hi + lo halves (22 of its 24 bits; |x| < 4.2e6), once a task in place
+// (amk_gemv_split_x). A group's MMAs sum apart, then one FFMA by the row's scale (and its zero
+// times the group's x sum).
 #ifndef AMK_GEMV_I8_MMA
 #define AMK_GEMV_I8_MMA 0
 #endif
-#if AMK_GEMV_I8_MMA && (defined(__HIPCC__) || defined(__HIPCC_RTC__))
-#error "AMK_GEMV_I8_MMA needs NVIDIA's mma.sync"
+#ifndef AMK_GEMV_U4_MMA
+#define AMK_GEMV_U4_MMA 0
 #endif
-#if AMK_GEMV_I8_MMA
+#define AMK_GEMV_Q_MMA (AMK_GEMV_I8_MMA || AMK_GEMV_U4_MMA)
+#if AMK_GEMV_Q_MMA && (defined(__HIPCC__) || defined(__HIPCC_RTC__))
+#error "AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA need NVIDIA's mma.sync"
+#endif
+#if AMK_GEMV_Q_MMA
+// passes of one matrix a batch of loads (a pass: 2 loads of 16 bytes a lane). More spill on sm_90:
+// int8 4 (224 / 308 B), int4 2 (96 / 304 B, in the vector rows too).
 #ifndef AMK_GEMV_I8_MMA_UNROLL
-#define AMK_GEMV_I8_MMA_UNROLL 2  // passes of one matrix a batch (4 loads of 16 bytes a lane; 4 spills 192 B on sm_90)
+#define AMK_GEMV_I8_MMA_UNROLL 2
 #endif
-constexpr int AMK_MMA_PASS = 64;  // columns a pass: 4 vectors of 16 codes, one a lane of a quad
-
-AMK_DEVICE bool amk_gemv_i8_mma_ok(const AmkGemvW& w, const AmkGroupOf& grp, int K) {
-  return w.sb != nullptr && w.zb == nullptr && K % AMK_MMA_PASS == 0 &&
-         (grp.shift == 30 || (grp.shift >= 2 && (grp.v0 & 3) == 0));  // a pass inside one group
-}
+#ifndef AMK_GEMV_U4_MMA_UNROLL
+#define AMK_GEMV_U4_MMA_UNROLL 1
+#endif
 
 // x is split as x / 64 (exact: a power of two), which keeps |x| < 4.2e6 inside the halves' range
 // (65504 x 64) at the cost of the lo half's resolution near zero (absolute 2^-24 x 64 per column,
 // far under the fp32 bound on a dot); the group sums are scaled back by 64.
 constexpr float AMK_MMA_X_DOWN = 1.0f / 64.0f, AMK_MMA_X_UP = 64.0f;
+
+// A format's codes as A fragments. MMA m of a pass takes, from its lane's 16-byte vector of a row,
+// the half pair `lo` (logical columns 2t, 2t + 1) and `hi` (2t + 8, 2t + 9). A pair holds the codes
+// of columns c and c + SPAN of a group of 2 SPAN columns; x is split with the same pairing.
+template <int DT> struct AmkMmaFmt;
+template <> struct AmkMmaFmt<AMK_DTYPE_I8> {  // word m: codes 0, 1 (lo) and 2, 3 (hi)
+  static constexpr bool ON = AMK_GEMV_I8_MMA;
+  static constexpr int MMAS = 4, SPAN = 1, UNROLL = AMK_GEMV_I8_MMA_UNROLL;
+  static AMK_DEVICE void pairs(unsigned w, int, unsigned& lo, unsigned& hi) {
+    const unsigned b = w ^ 0x80808080u;                                          // c + 128
+    lo = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4140u), 0x64806480u);  // (1024 + c + 128) - 1152
+    hi = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4342u), 0x64806480u);
+  }
+};
+template <> struct AmkMmaFmt<AMK_DTYPE_U4> {  // word m / 2: nibbles (e, e + 4), e = 2 (m % 2) (lo) and e + 1 (hi)
+  static constexpr bool ON = AMK_GEMV_U4_MMA;
+  static constexpr int MMAS = 8, SPAN = 4, UNROLL = AMK_GEMV_U4_MMA_UNROLL;
+  static AMK_DEVICE void pairs(unsigned w, int m, unsigned& lo, unsigned& hi) {
+    const int e = 2 * (m & 1);
+    lo = amk_f16x2_sub(amk_and_or(w >> (4 * e), 0x000F000Fu, 0x64006400u), 0x64006400u);  // (1024 + n) - 1024
+    hi = amk_f16x2_sub(amk_and_or(w >> (4 * e + 4), 0x000F000Fu, 0x64006400u), 0x64006400u);
+  }
+};
+AMK_DEVICE unsigned amk_word(const amk_u32x4& q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
+
+template <int DT>
+AMK_DEVICE bool amk_gemv_q_mma_ok(const AmkGemvW& w, const AmkGroupOf& grp, int K) {
+  return w.sb != nullptr && (DT == AMK_DTYPE_U4 || w.zb == nullptr) && K % (4 * AmkWFmt<DT>::VEC) == 0 &&
+         (grp.shift == 30 || (grp.shift >= 2 && (grp.v0 & 3) == 0));  // a pass inside one group
+}
+
+// Whether amk_gemv_rows takes the MMA rows for this task (block-uniform: the prologue splits x
+// for them, amk_gemv_split_x).
+template <int DT>
+AMK_DEVICE bool amk_gemv_q_mma_takes_dt(const AmkGemvW& w, const AmkGemvW& w2, int K) {
+  AmkGroupOf grp, grp2;
+  return AmkMmaFmt<DT>::ON && AMK_WITH_GEMV_WDTYPE(DT) && w.wb->dtype == DT && amk_gemv_vec_ok<DT>(w, K, grp) &&
+         amk_gemv_vec_ok<DT>(w2, K, grp2) && amk_gemv_q_mma_ok<DT>(w, grp, K) && amk_gemv_q_mma_ok<DT>(w2, grp2, K);
+}
+AMK_DEVICE bool amk_gemv_q_mma_takes(const AmkGemvW& w, const AmkGemvW& w2, int K) {
+  return amk_gemv_q_mma_takes_dt<AMK_DTYPE_I8>(w, w2, K) || amk_gemv_q_mma_takes_dt<AMK_DTYPE_U4>(w, w2, K);
+}
 
 // (a, b) as hi + lo half pairs
 AMK_DEVICE void amk_f16x2_split(float a, float b, unsigned& hi, unsigned& lo) {
@@ -415,61 +461,63 @@ AMK_DEVICE void amk_f16x2_split(float a, float b, unsigned& hi, unsigned& lo) {
   lo = amk_f16x2_rn(a - amk_f16_to_f32((unsigned short)hi), b - amk_f16_to_f32((unsigned short)(hi >> 16)));
 }
 
-// Whether amk_gemv_rows takes the MMA rows for this task (block-uniform: the prologue splits x
-// for them, amk_gemv_split_x).
-AMK_DEVICE bool amk_gemv_i8_mma_takes(const AmkGemvW& w, const AmkGemvW& w2, int K) {
-  AmkGroupOf grp, grp2;
-  return w.wb->dtype == AMK_DTYPE_I8 && amk_gemv_vec_ok<AMK_DTYPE_I8>(w, K, grp) &&
-         amk_gemv_vec_ok<AMK_DTYPE_I8>(w2, K, grp2) && amk_gemv_i8_mma_ok(w, grp, K) && amk_gemv_i8_mma_ok(w2, grp2, K);
-}
-
-// x's column pairs (2i, 2i + 1), in place, as the words {hi, hi'} and {lo, lo'} of their halves:
-// the MMA rows' B fragments, one shared load each, split once a task instead of once a warp.
+// x's columns in place, paired as the format pairs its codes (c + e, c + e + SPAN in each group of
+// 2 SPAN columns), as the words {hi, hi'} and {lo, lo'} at c + 2e, c + 2e + 1: the MMA rows' B
+// fragments, one 16-byte shared load for two MMAs, split once a task instead of once a warp.
+template <int SPAN>
 AMK_DEVICE void amk_gemv_split_x(float* xs, AmkXPad xp, int K) {
-  for (int i = 2 * threadIdx.x; i < K; i += 2 * blockDim.x) {  // a pair never straddles x's padding (16-column vectors)
-    float* p = xs + xp.at(i);
-    unsigned hi, lo;
-    amk_f16x2_split(p[0] * AMK_MMA_X_DOWN, p[1] * AMK_MMA_X_DOWN, hi, lo);
-    p[0] = __uint_as_float(hi), p[1] = __uint_as_float(lo);
+  for (int c = 2 * SPAN * threadIdx.x; c < K; c += 2 * SPAN * blockDim.x) {  // a group never straddles the padding
+    float* p = xs + xp.at(c);
+    float v[2 * SPAN];
+#pragma unroll
+    for (int i = 0; i < 2 * SPAN; ++i) v[i] = p[i] * AMK_MMA_X_DOWN;
+#pragma unroll
+    for (int e = 0; e < SPAN; ++e) {
+      unsigned hi, lo;
+      amk_f16x2_split(v[e], v[e + SPAN], hi, lo);
+      p[2 * e] = __uint_as_float(hi), p[2 * e + 1] = __uint_as_float(lo);
+    }
   }
 }
 
-// Codes 0, 1 of w as a half pair (lo) and codes 2, 3 (hi), exactly.
-AMK_DEVICE void amk_i8_half_pairs(unsigned w, unsigned& lo, unsigned& hi) {
-  const unsigned b = w ^ 0x80808080u;                                          // c + 128
-  lo = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4140u), 0x64806480u);  // (1024 + c + 128) - 1152
-  hi = amk_f16x2_sub(amk_byte_perm(b, 0x64646464u, 0x4342u), 0x64806480u);
-}
-
-template <bool PAIR>
-AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                     AmkXPad xp, float* acc, int rows, int K) {
-  constexpr int NM = PAIR ? 2 : 1, U = AMK_GEMV_I8_MMA_UNROLL / NM;  // passes a batch of loads
-  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, xstride = 16 + xp.pad, passes = K / AMK_MMA_PASS;
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+                                    AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
+  using M = AmkMmaFmt<DT>;
+  constexpr int NM = PAIR ? 2 : 1, VEC = AmkWFmt<DT>::VEC;
+  constexpr int U = M::UNROLL / NM > 0 ? M::UNROLL / NM : 1;  // passes a batch of loads
+  constexpr int BYTES = 16;  // a lane's vector of a row, a pass
+  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, xstride = VEC + xp.pad, passes = K / (4 * VEC);
   const AmkGemvW* ws[2] = {&w, &w2};
 #pragma unroll 1
   for (int r0 = amk_warp() * 16; r0 < rows; r0 += amk_nwarps() * 16) {  // warp-uniform: the MMA takes all 32 lanes
     const int r[2] = {r0 + g, r0 + g + 8};
     const char* row[NM][2];
-    AmkQRow sc[NM][2];
+    AmkQRow sc[NM][2], zr[NM][2];
 #pragma unroll
     for (int i = 0; i < NM; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rr = r[h] < rows ? r[h] : r0;  // a row past the slab reads row r0 (its sums are dropped)
-        row[i][h] = (const char*)ws[i]->wb->ptr + ws[i]->off + (amk_i64)rr * ws[i]->stride + 16 * t;
-        sc[i][h] = amk_qrow(ws[i]->sb, ws[i]->soff + (amk_i64)rr * ws[i]->sstride);
+        const AmkGemvW& wi = *ws[i];
+        row[i][h] = (const char*)wi.wb->ptr + (wi.off + (amk_i64)rr * wi.stride) * AmkWFmt<DT>::BITS / 8 + BYTES * t;
+        sc[i][h] = amk_qrow(wi.sb, wi.soff + (amk_i64)rr * wi.sstride);
+        zr[i][h] = amk_qrow(wi.zb, wi.zoff + (amk_i64)rr * wi.zstride);
       }
     float s[NM][2] = {}, d[NM][2][4] = {};  // the hi and lo MMAs sum apart: two dependent chains, not one
-    auto add_group = [&](int gi) {           // the group's sums, scaled by each row's scale, into s
+    float gx = 0.0f;                         // the group's x sum so far (for the zeros)
+    auto add_group = [&](int gi) {           // the group's sums, scaled (and its zero's term), into s
 #pragma unroll
       for (int i = 0; i < NM; ++i) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
           s[i][h] += sc[i][h].value(sc[i][h].raw(gi)) * AMK_MMA_X_UP * (d[i][0][2 * h] + d[i][1][2 * h]);
+          if (DT == AMK_DTYPE_U4 && zr[i][h].p) s[i][h] += zr[i][h].value(zr[i][h].raw(gi)) * gx;
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[i][0][e] = d[i][1][e] = 0.0f;
       }
+      gx = 0.0f;
     };
     int gcur = grp(0);
 #pragma unroll 1
@@ -481,7 +529,7 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
 #pragma unroll
           for (int i = 0; i < NM; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) q[u][i][h] = amk_ld16_weight(row[i][h] + (amk_i64)(p0 + u) * AMK_MMA_PASS);
+            for (int h = 0; h < 2; ++h) q[u][i][h] = amk_ld16_weight(row[i][h] + (amk_i64)(p0 + u) * 4 * BYTES);
         }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -492,18 +540,20 @@ AMK_DEVICE void amk_gemv_rows_i8_mma(const AmkGemvW& w, const AmkGemvW& w2, cons
           add_group(gcur);
           gcur = gp;
         }
+        if (DT == AMK_DTYPE_U4)  // a U4 vector is one chunk of xsums
+          gx += (xsums[4 * p] + xsums[4 * p + 1]) + (xsums[4 * p + 2] + xsums[4 * p + 3]);
         const float4* xv = (const float4*)(xs + (4 * p + t) * xstride);  // split by amk_gemv_split_x
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float4 xw = xv[j];
+        for (int m = 0; m < M::MMAS; ++m) {
+          const float4 xw = xv[m];
           const unsigned bh[2] = {(unsigned)__float_as_int(xw.x), (unsigned)__float_as_int(xw.z)},
                          bl[2] = {(unsigned)__float_as_int(xw.y), (unsigned)__float_as_int(xw.w)};
+          const int word = m * 4 / M::MMAS;
 #pragma unroll
           for (int i = 0; i < NM; ++i) {
-            const amk_u32x4 &qa = q[u][i][0], &qb = q[u][i][1];
             unsigned a[4];
-            amk_i8_half_pairs(j == 0 ? qa.x : j == 1 ? qa.y : j == 2 ? qa.z : qa.w, a[0], a[2]);
-            amk_i8_half_pairs(j == 0 ? qb.x : j == 1 ? qb.y : j == 2 ? qb.z : qb.w, a[1], a[3]);
+            M::pairs(amk_word(q[u][i][0], word), m, a[0], a[2]);
+            M::pairs(amk_word(q[u][i][1], word), m, a[1], a[3]);
             amk_mma_16816_f16(d[i][0], a, bh);
             amk_mma_16816_f16(d[i][1], a, bl);
           }
@@ -529,10 +579,10 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
-#if AMK_GEMV_I8_MMA
-  if constexpr (DT == AMK_DTYPE_I8) {
-    if (amk_gemv_i8_mma_takes(w, w2, K)) {
-      amk_gemv_rows_i8_mma<PAIR>(w, w2, grp, xs, xp, acc, rows, K);
+#if AMK_GEMV_Q_MMA
+  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
+    if (amk_gemv_q_mma_takes_dt<DT>(w, w2, K)) {
+      amk_gemv_rows_q_mma<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;
     }
   }
@@ -707,9 +757,10 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
-#if AMK_GEMV_I8_MMA
-  if (amk_gemv_w_ok(w) && amk_gemv_w_ok(w2) && amk_gemv_i8_mma_takes(w, w2, K)) {
-    amk_gemv_split_x(xs, xp, K);
+#if AMK_GEMV_Q_MMA
+  if (amk_gemv_w_ok(w) && amk_gemv_w_ok(w2) && amk_gemv_q_mma_takes(w, w2, K)) {
+    if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_U4>::SPAN>(xs, xp, K);
+    else amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_I8>::SPAN>(xs, xp, K);
     amk_syncthreads();
   }
 #endif

@@ -24,7 +24,8 @@ from vm_cases import (
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
-    I8_MMA_CASES,
+    Q_MMA_CASES,
+    Q_MMA_DEFINES,
     HALF_WEIGHT_CASES,
     PROMPT,
     TORCH,
@@ -72,11 +73,12 @@ def test_gemv(emu, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
-@pytest.mark.parametrize("name", I8_MMA_CASES)
-def test_gemv_i8_mma(emu, monkeypatch, name):
-    """AMK_GEMV_I8_MMA: symmetric int8 rows as tensor-core MMAs (the emulator's mma.sync has the
-    PTX fragment layout), x split into hi + lo halves: within the fp32 bound of the ReferenceVM."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_I8_MMA=1")
+@pytest.mark.parametrize("name", Q_MMA_CASES)
+def test_gemv_q_mma(emu, monkeypatch, name):
+    """AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA: symmetric int8 and int4 rows as tensor-core MMAs (the
+    emulator's mma.sync has the PTX fragment layout), x split into hi + lo halves: within the fp32
+    bound of the ReferenceVM."""
+    monkeypatch.setenv("AMK_VM_DEFINES", Q_MMA_DEFINES)
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 

@@ -20,7 +20,8 @@ from vm_cases import (
     ATTN_SPLITS,
     ATTN_TOKENS,
     GEMV_CASES,
-    I8_MMA_CASES,
+    Q_MMA_CASES,
+    Q_MMA_DEFINES,
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
@@ -80,10 +81,11 @@ def test_gemv(name):
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 
 
-@pytest.mark.parametrize("name", I8_MMA_CASES)
-def test_gemv_i8_mma(monkeypatch, name):
-    """AMK_GEMV_I8_MMA: symmetric int8 rows on the tensor cores (mma.sync), against the ReferenceVM."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_I8_MMA=1")
+@pytest.mark.parametrize("name", Q_MMA_CASES)
+def test_gemv_q_mma(monkeypatch, name):
+    """AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA: int8 and int4 rows on the tensor cores (mma.sync), against
+    the ReferenceVM."""
+    monkeypatch.setenv("AMK_VM_DEFINES", Q_MMA_DEFINES)
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 

@@ -94,9 +94,15 @@ GEMV_CASES = {
     "i8_g64_split": GemvCase(rows=40, k=512, quant="i8", group=64, split_k=2, epilogue=Epilogue.ADD, norm_eps=1e-5),
     # x far beyond a half's 65504 (activations of a few 1e5 in some layers)
     "i8_large_x": GemvCase(rows=32, k=256, quant="i8", group=128, x_scale=3e5),
+    # int4 in groups of 128 (one a tensor-core pass, AMK_GEMV_U4_MMA): the gate/up pair, split-K slices
+    "u4_g128_pair": GemvCase(rows=40, k=512, quant="u4", group=128, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
+    "u4_g128_split": GemvCase(rows=24, k=1024, quant="u4", group=128, split_k=2, epilogue=Epilogue.ADD),
 }
-# the cases whose int8 rows AMK_GEMV_I8_MMA takes (groups of 64 or more, K a multiple of 64)
-I8_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x"]
+# the cases whose quantized rows AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA take (a pass of 4 vectors inside
+# one group: int8 groups of 64 or more, int4 of 128 or more; K a multiple of the pass)
+Q_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x", "u4_g128_pair",
+               "u4_g128_split"]
+Q_MMA_DEFINES = "AMK_GEMV_I8_MMA=1,AMK_GEMV_U4_MMA=1"
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the

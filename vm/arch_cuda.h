@@ -132,6 +132,11 @@ AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
   return r;
 }
+AMK_DEVICE unsigned amk_and_or(unsigned a, unsigned b, unsigned c) {  // (a & b) | c in one LOP3
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
 // d += A B over one warp, A 16 x 16 and B 16 x 8 halves, d fp32 (mma.sync.m16n8k16). Lane g * 4 + t
 // holds a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9],
 // b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g], d = D[g][2t, 2t+1], D[g+8][2t, 2t+1].

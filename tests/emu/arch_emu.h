@@ -156,6 +156,7 @@ AMK_DEVICE float amk_emu_half(unsigned pair, int i) { return amk_f16_to_f32((uns
 AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {  // exact for the integers it is used on
   return amk_f16x2_rn(amk_emu_half(a, 0) - amk_emu_half(b, 0), amk_emu_half(a, 1) - amk_emu_half(b, 1));
 }
+AMK_DEVICE unsigned amk_and_or(unsigned a, unsigned b, unsigned c) { return (a & b) | c; }
 AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
   const int t = threadIdx.x, lane = t % AMK_WARP_SIZE, base = t - lane;
   unsigned* f = amk_emu_block->mma.data();
