@@ -54,8 +54,8 @@ from amk.agent.proposers import (
 from amk.schedule.config import ScheduleConfig
 
 # (forkserver_signals first: the server must outlive a process group's SIGTERM from its start)
-PRELOAD = ["amk.agent.forkserver_signals", "torch", "transformers", "transformers.models.llama.modeling_llama", "amk.schedule.lower",
-           "amk.schedule.validate", "amk.schedule.importer", "amk.vm.reference", "amk.eval.oracle",
+PRELOAD = ["amk.agent.forkserver_signals", "torch", "transformers", "transformers.models.llama.modeling_llama",
+           "amk.schedule.lower", "amk.schedule.validate", "amk.schedule.importer", "amk.vm.reference", "amk.eval.oracle",
            "amk.agent.evaluators"]
 DEFAULT_TRIALS = 50
 

@@ -80,8 +80,8 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
 
 // Element j of a 16-byte vector holding F32, BF16 or F16 values.
 AMK_DEVICE float amk_v16_get(const amk_u32x4& v, int j, int dt) {
-  if (dt == AMK_DTYPE_F32) return __uint_as_float(j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w);
-  const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+  if (dt == AMK_DTYPE_F32) return __uint_as_float(amk_word(v, j));
+  const unsigned u = amk_word(v, j >> 1);
   return amk_half_to_f32(dt, (unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
 }
 

@@ -435,7 +435,6 @@ template <> struct AmkMmaFmt<AMK_DTYPE_U4> {  // word m / 2: nibbles (e, e + 4),
     hi = amk_f16x2_sub(amk_and_or(w >> (4 * e + 4), 0x000F000Fu, 0x64006400u), 0x64006400u);
   }
 };
-AMK_DEVICE unsigned amk_word(const amk_u32x4& q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 
 template <int DT>
 AMK_DEVICE bool amk_gemv_q_mma_ok(const AmkGemvW& w, const AmkGroupOf& grp, int K) {
@@ -757,19 +756,19 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
-#if AMK_GEMV_Q_MMA
-  if (amk_gemv_w_ok(w) && amk_gemv_w_ok(w2) && amk_gemv_q_mma_takes(w, w2, K)) {
-    if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_U4>::SPAN>(xs, xp, K);
-    else amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_I8>::SPAN>(xs, xp, K);
-    amk_syncthreads();
-  }
-#endif
   amk_trace_mark(c, 0);  // prologue done
 
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
+#if AMK_GEMV_Q_MMA
+  if (amk_gemv_q_mma_takes(w, w2, K)) {  // (after the shape check; a trace counts it in the rows phase)
+    if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_U4>::SPAN>(xs, xp, K);
+    else amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_I8>::SPAN>(xs, xp, K);
+    amk_syncthreads();
+  }
+#endif
   bool ok;
   if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
   else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);

@@ -68,26 +68,29 @@ AMK_DEVICE float amk_biased_byte(unsigned w, int k) {
   return __uint_as_float(amk_byte_perm(w, E, keep | ((unsigned)k << (4 * P))));
 }
 
+// Word i (0-3) of a 16-byte vector.
+AMK_DEVICE unsigned amk_word(const amk_u32x4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
 // Element j of a 16-byte vector of format DT, as fp32 (VEC elements of BITS bits each).
 template <int DT> struct AmkWFmt;
 template <> struct AmkWFmt<AMK_DTYPE_F32> {
   static constexpr int VEC = 4, BITS = 32;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+    const unsigned u = amk_word(v, j);
     return __uint_as_float(u);
   }
 };
 template <> struct AmkWFmt<AMK_DTYPE_BF16> {
   static constexpr int VEC = 8, BITS = 16;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+    const unsigned u = amk_word(v, j >> 1);
     return amk_bf16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
   }
 };
 template <> struct AmkWFmt<AMK_DTYPE_F16> {
   static constexpr int VEC = 8, BITS = 16;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 1) == 0 ? v.x : (j >> 1) == 1 ? v.y : (j >> 1) == 2 ? v.z : v.w;
+    const unsigned u = amk_word(v, j >> 1);
     return amk_f16_to_f32((unsigned short)(j & 1 ? u >> 16 : u & 0xffffu));
   }
 };
@@ -112,7 +115,7 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 template <> struct AmkWFmt<AMK_DTYPE_I8> {
   static constexpr int VEC = 16, BITS = 8;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 2) == 0 ? v.x : (j >> 2) == 1 ? v.y : (j >> 2) == 2 ? v.z : v.w;
+    const unsigned u = amk_word(v, j >> 2);
     return (float)(signed char)((u >> (8 * (j & 3))) & 0xffu);
   }
   // sum_j code_j * x[j] over the vector, exactly-converted codes: code + 128 as the low byte
@@ -131,7 +134,7 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
 template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8) (low nibble first)
   static constexpr int VEC = 32, BITS = 4;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
-    const unsigned u = (j >> 3) == 0 ? v.x : (j >> 3) == 1 ? v.y : (j >> 3) == 2 ? v.z : v.w;
+    const unsigned u = amk_word(v, j >> 3);
     return (float)((u >> (4 * (j & 7))) & 15u);
   }
   // sum_j code_j * x[j] over the vector, given xsum = sum_j x[j]: a code in bits 16..19 of

@@ -120,8 +120,8 @@ AMK_DEVICE unsigned short amk_f32_to_f16(float f) {
 }
 
 // ---------------------------------------------------------------- half pairs and tensor cores (sm_80+)
-// Used only by the int8 rows of AMK_GEMV_I8_MMA (instructions/gemv.cuh). A pair holds element 0
-// in its low 16 bits.
+// Used only by the quantized MMA rows (AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA, instructions/gemv.cuh).
+// A pair holds element 0 in its low 16 bits.
 AMK_DEVICE unsigned amk_f16x2_rn(float lo, float hi) {  // each rounded to nearest even
   unsigned r;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

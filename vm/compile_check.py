@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ARCHS = (80, 90, 120)
@@ -238,8 +239,9 @@ def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
     out = []
     for a, e, lab in inner:
         body = ops[a:e]
-        out.append({"label": lab, "instructions": len(body), "loads16": body.count("LDG128"),
-                    "mix": dict(sorted(((o, body.count(o)) for o in set(body)), key=lambda kv: (-kv[1], kv[0])))})
+        mix = Counter(body)
+        out.append({"label": lab, "instructions": len(body), "loads16": mix["LDG128"],
+                    "mix": dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))})
     return sorted(out, key=lambda d: -d["instructions"])
 
 

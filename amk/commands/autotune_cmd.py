@@ -48,8 +48,9 @@ def fixed_fields(fix: Optional[list[str]]) -> dict:
 
 def autotune_command(
     model: Optional[str] = A.MODEL,
-    minutes: Optional[float] = typer.Option(None, "--minutes", min=0.0, help="Wall-clock budget of the trials, counted once the model has loaded; a trial still running "
-                                         "at its end gets 30 s more, then is aborted (recorded as interrupted)."),
+    minutes: Optional[float] = typer.Option(None, "--minutes", min=0.0, help="Wall-clock budget of the trials, counted "
+                                            "once the model has loaded; a trial still running at its end gets 30 s "
+                                            "more, then is aborted (recorded as interrupted)."),
     trials: Optional[int] = typer.Option(None, "--trials", min=1, help="Total trials of the campaign (a resumed "
                                          "campaign counts its earlier ones). Default 50 without --minutes/--overnight."),
     overnight: bool = typer.Option(False, "--overnight", help="Run until stopped (SIGINT/SIGTERM), hopping to fresh "
