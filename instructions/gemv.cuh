@@ -479,33 +479,61 @@ AMK_DEVICE void amk_gemv_split_x(float* xs, AmkXPad xp, int K) {
   }
 }
 
+// How the MMA rows deal a task to the warps: tiles of 16 rows, each cut into `slices` ranges of
+// passes, one (tile, slice) a warp. A task has fewer tiles than warps (1B: 1 to 4 of 8), and a
+// warp that took a tile's whole K left the others idle: one warp streamed a 1B down task alone
+// (+96 % int8 1B, session 45). With slices > 1 a warp takes one item at most (items <= warps),
+// and the slices' sums meet in shared memory over x's words (slices x tiles x 16 x NM <= K).
+struct AmkMmaDeal {
+  int tiles, slices, passes;
+  AMK_DEVICE int items() const { return tiles * slices; }
+  AMK_DEVICE int pass_lo(int s) const { return (int)((long long)passes * s / slices); }
+  AMK_DEVICE int slice_words(int nm) const { return tiles * 16 * nm; }  // one slice's scratch
+};
+AMK_DEVICE AmkMmaDeal amk_mma_deal(int rows, int K, int passes, int nm) {
+  AmkMmaDeal d{(rows + 15) / 16, 1, passes};
+  if (d.tiles < amk_nwarps()) {
+    d.slices = amk_nwarps() / d.tiles < passes ? amk_nwarps() / d.tiles : passes;
+    while (d.slices > 1 && d.slices * d.slice_words(nm) > K) --d.slices;
+  }
+  return d;
+}
+
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, float* xs,
                                     AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
   using M = AmkMmaFmt<DT>;
   constexpr int NM = PAIR ? 2 : 1, VEC = AmkWFmt<DT>::VEC;
   constexpr int U = M::UNROLL / NM > 0 ? M::UNROLL / NM : 1;  // passes a batch of loads
   constexpr int BYTES = 16;  // a lane's vector of a row, a pass
-  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, xstride = VEC + xp.pad, passes = K / (4 * VEC);
+  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, xstride = VEC + xp.pad;
+  const AmkMmaDeal deal = amk_mma_deal(rows, K, K / (4 * VEC), NM);
   const AmkGemvW* ws[2] = {&w, &w2};
+  float s[NM][2] = {};  // the rows' sums (of the warp's last item)
+  int r[2] = {rows, rows}, sl = 0;
 #pragma unroll 1
-  for (int r0 = amk_warp() * 16; r0 < rows; r0 += amk_nwarps() * 16) {  // warp-uniform: the MMA takes all 32 lanes
-    const int r[2] = {r0 + g, r0 + g + 8};
+  for (int item = amk_warp(); item < deal.items(); item += amk_nwarps()) {  // warp-uniform: the MMA takes all 32 lanes
+    const int r0 = 16 * (item % deal.tiles), p_lo = deal.pass_lo(item / deal.tiles);
+    const int p_hi = deal.pass_lo(item / deal.tiles + 1);
+    sl = item / deal.tiles;
+    r[0] = r0 + g, r[1] = r0 + g + 8;
+    const bool live[2] = {r[0] < rows, r[1] < rows};  // a row past the slab loads nothing (its sums are dropped)
     const char* row[NM][2];
     AmkQRow sc[NM][2], zr[NM][2];
 #pragma unroll
     for (int i = 0; i < NM; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int rr = r[h] < rows ? r[h] : r0;  // a row past the slab reads row r0 (its sums are dropped)
+        const int rr = live[h] ? r[h] : r0;
         const AmkGemvW& wi = *ws[i];
         row[i][h] = (const char*)wi.wb->ptr + (wi.off + (amk_i64)rr * wi.stride) * AmkWFmt<DT>::BITS / 8 + BYTES * t;
         sc[i][h] = amk_qrow(wi.sb, wi.soff + (amk_i64)rr * wi.sstride);
         zr[i][h] = amk_qrow(wi.zb, wi.zoff + (amk_i64)rr * wi.zstride);
+        s[i][h] = 0.0f;
       }
-    float s[NM][2] = {}, d[NM][2][4] = {};  // the hi and lo MMAs sum apart: two dependent chains, not one
-    float gx = 0.0f;                         // the group's x sum so far (for the zeros)
-    auto add_group = [&](int gi) {           // the group's sums, scaled (and its zero's term), into s
+    float d[NM][2][4] = {};  // the hi and lo MMAs sum apart: two dependent chains, not one
+    float gx = 0.0f;         // the group's x sum so far (for the zeros)
+    auto add_group = [&](int gi) {  // the group's sums (its part in this slice), scaled (and its zero's term), into s
 #pragma unroll
       for (int i = 0; i < NM; ++i) {
 #pragma unroll
@@ -518,22 +546,23 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
       }
       gx = 0.0f;
     };
-    int gcur = grp(0);
+    int gcur = grp(4 * p_lo);
 #pragma unroll 1
-    for (int p0 = 0; p0 < passes; p0 += U) {
+    for (int p0 = p_lo; p0 < p_hi; p0 += U) {
       amk_u32x4 q[U][NM][2];
 #pragma unroll
       for (int u = 0; u < U; ++u)  // every load of the batch before the first use
-        if (p0 + u < passes) {
+        if (p0 + u < p_hi) {
 #pragma unroll
           for (int i = 0; i < NM; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) q[u][i][h] = amk_ld16_weight(row[i][h] + (amk_i64)(p0 + u) * 4 * BYTES);
+            for (int h = 0; h < 2; ++h)
+              q[u][i][h] = live[h] ? amk_ld16_weight(row[i][h] + (amk_i64)(p0 + u) * 4 * BYTES) : amk_u32x4{};
         }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int p = p0 + u;
-        if (p >= passes) break;
+        if (p >= p_hi) break;
         const int gp = grp(4 * p);
         if (gp != gcur) {  // (warp-uniform)
           add_group(gcur);
@@ -560,7 +589,7 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
       }
     }
     add_group(gcur);
-    if (t == 0) {
+    if (deal.slices == 1 && t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (r[h] < rows) {
@@ -569,11 +598,28 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
         }
     }
   }
+  if (deal.slices > 1) {  // block-uniform: each slice's sums over x's words, then their sum in slice order
+    amk_syncthreads();     // every warp is done with x
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r[h] < rows) {
+          xs[sl * deal.slice_words(NM) + r[h] * NM] = s[0][h];
+          if (PAIR) xs[sl * deal.slice_words(NM) + r[h] * NM + 1] = s[NM - 1][h];
+        }
+    }
+    amk_syncthreads();
+    for (int e = threadIdx.x; e < rows * NM; e += blockDim.x) {
+      float v = xs[e];
+      for (int k = 1; k < deal.slices; ++k) v += xs[k * deal.slice_words(NM) + e];
+      acc[e] = v;
+    }
+  }
 }
 #endif
 
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, const float* xsums,
+AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
@@ -613,7 +659,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, const float
 
 // The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
                                  const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
     amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
@@ -624,7 +670,7 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, const fl
 }
 
 template <bool PAIR>
-AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp,
+AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
                                   const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
     case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);

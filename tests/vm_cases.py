@@ -97,11 +97,14 @@ GEMV_CASES = {
     # int4 in groups of 128 (one a tensor-core pass, AMK_GEMV_U4_MMA): the gate/up pair, split-K slices
     "u4_g128_pair": GemvCase(rows=40, k=512, quant="u4", group=128, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "u4_g128_split": GemvCase(rows=24, k=1024, quant="u4", group=128, split_k=2, epilogue=Epilogue.ADD),
+    # rows many and K short: the MMA rows' slices would need more scratch than x's words (gemv.cuh
+    # amk_mma_deal), so a tile takes its whole K
+    "i8_g64_short_k": GemvCase(rows=64, k=128, quant="i8", group=64, epilogue=Epilogue.SILU_MUL),
 }
 # the cases whose quantized rows AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA take (a pass of 4 vectors inside
 # one group: int8 groups of 64 or more, int4 of 128 or more; K a multiple of the pass)
 Q_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x", "u4_g128_pair",
-               "u4_g128_split"]
+               "u4_g128_split", "i8_g64_short_k"]
 Q_MMA_DEFINES = "AMK_GEMV_I8_MMA=1,AMK_GEMV_U4_MMA=1"
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
