@@ -378,9 +378,10 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
   a2 = PAIR ? amk_warp_sum(s2) : 0.0f;
 }
 
-// AMK_GEMV_I8_MMA, AMK_GEMV_U4_MMA (off; eval/PERF_NOTES.md items 148-150): quantized rows on the
+// AMK_GEMV_I8_MMA, AMK_GEMV_U4_MMA (off; eval/PERF_NOTES.md items 148-153): quantized rows on the
 // tensor cores, to issue fewer instructions a weight byte than amk_gemv_row_vec (a PRMT, a FADD
-// and an FFMA a code). A warp takes 16 rows, a pass 4 vectors of them as mma.sync.m16n8k16 (f16
+// and an FFMA a code). Measured slower on the 1B (int8 +17.7 %, int4 +8.6 %): the step is not
+// issue-bound, and a lane here holds fewer bytes in flight, each load spanning 8 rows (item 153). A warp takes 16 rows, a pass 4 vectors of them as mma.sync.m16n8k16 (f16
 // in, fp32 sums). Lane (g, t) loads vector t of the pass of rows g and g + 8; pairs of its codes
 // are its A fragments, which fixes a permutation of the pass's columns, and the same columns of
 // x make its B fragment. Every column of B is x, so every column of D is the dot: d[0] is row
