@@ -380,9 +380,10 @@ AMK_DEVICE void amk_gemv_row_scalar(const AmkGemvW& w, const AmkGemvW& w2, const
 
 // AMK_GEMV_I8_MMA, AMK_GEMV_U4_MMA (off; eval/PERF_NOTES.md items 148-153): quantized rows on the
 // tensor cores, to issue fewer instructions a weight byte than amk_gemv_row_vec (a PRMT, a FADD
-// and an FFMA a code). Measured slower on the 1B (int8 +17.7 %, int4 +8.6 %): the step is not
-// issue-bound, and a lane here holds fewer bytes in flight, each load spanning 8 rows (item 153). A warp takes 16 rows, a pass 4 vectors of them as mma.sync.m16n8k16 (f16
-// in, fp32 sums). Lane (g, t) loads vector t of the pass of rows g and g + 8; pairs of its codes
+// and an FFMA a code). Measured slower on the 1B (int8 +17.7 %, int4 +8.6 %): the rows wait on
+// their loads, not on issue, and a lane here holds fewer bytes in flight, each load spanning 8
+// rows (item 153). A warp takes 16 rows, a pass 4 vectors of them as mma.sync.m16n8k16 (f16 in,
+// fp32 sums). Lane (g, t) loads vector t of the pass of rows g and g + 8; pairs of its codes
 // are its A fragments, which fixes a permutation of the pass's columns, and the same columns of
 // x make its B fragment. Every column of B is x, so every column of D is the dot: d[0] is row
 // g's, d[2] row g + 8's. Codes become exact halves (1024 + code, less 1024; I8 biased by 128).
@@ -494,7 +495,7 @@ struct AmkMmaDeal {
 AMK_DEVICE AmkMmaDeal amk_mma_deal(int rows, int K, int passes, int nm) {
   AmkMmaDeal d{(rows + 15) / 16, 1, passes};
   if (d.tiles < amk_nwarps()) {
-    d.slices = amk_nwarps() / d.tiles < passes ? amk_nwarps() / d.tiles : passes;
+    d.slices = min(amk_nwarps() / d.tiles, passes);
     while (d.slices > 1 && d.slices * d.slice_words(nm) > K) --d.slices;
   }
   return d;
@@ -512,11 +513,20 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
   const AmkGemvW* ws[2] = {&w, &w2};
   float s[NM][2] = {};  // the rows' sums (of the warp's last item)
   int r[2] = {rows, rows}, sl = 0;
+  const auto store = [&](float* out) {  // the sums of the rows inside the slab, by one lane a row pair
+    if (t == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (r[h] < rows) {
+          out[r[h] * NM] = s[0][h];
+          if (PAIR) out[r[h] * NM + 1] = s[NM - 1][h];
+        }
+    }
+  };
 #pragma unroll 1
   for (int item = amk_warp(); item < deal.items(); item += amk_nwarps()) {  // warp-uniform: the MMA takes all 32 lanes
-    const int r0 = 16 * (item % deal.tiles), p_lo = deal.pass_lo(item / deal.tiles);
-    const int p_hi = deal.pass_lo(item / deal.tiles + 1);
     sl = item / deal.tiles;
+    const int r0 = 16 * (item % deal.tiles), p_lo = deal.pass_lo(sl), p_hi = deal.pass_lo(sl + 1);
     r[0] = r0 + g, r[1] = r0 + g + 8;
     const bool live[2] = {r[0] < rows, r[1] < rows};  // a row past the slab loads nothing (its sums are dropped)
     const char* row[NM][2];
@@ -590,25 +600,11 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
       }
     }
     add_group(gcur);
-    if (deal.slices == 1 && t == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (r[h] < rows) {
-          acc[r[h] * NM] = s[0][h];
-          if (PAIR) acc[r[h] * NM + 1] = s[NM - 1][h];
-        }
-    }
+    if (deal.slices == 1) store(acc);
   }
   if (deal.slices > 1) {  // block-uniform: each slice's sums over x's words, then their sum in slice order
     amk_syncthreads();     // every warp is done with x
-    if (t == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (r[h] < rows) {
-          xs[sl * deal.slice_words(NM) + r[h] * NM] = s[0][h];
-          if (PAIR) xs[sl * deal.slice_words(NM) + r[h] * NM + 1] = s[NM - 1][h];
-        }
-    }
+    store(xs + sl * deal.slice_words(NM));
     amk_syncthreads();
     for (int e = threadIdx.x; e < rows * NM; e += blockDim.x) {
       float v = xs[e];
