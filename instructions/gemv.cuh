@@ -31,6 +31,14 @@
 #ifndef AMK_DIAG_Q_NO_W_LOADS
 #define AMK_DIAG_Q_NO_W_LOADS 0
 #endif
+// Trace diagnostic only (results unchanged): 1 moves the GEMV's trace marks into its prologue
+// (0 at the op's entry, 1 once thread 0 has x staged and, with the norm, its block sum, 2 at the
+// prologue's end; the last phase is then rows + epilogue + release); 2 stages the prologue twice
+// (it writes shared memory only), mark 0 between, so a trace shows a cold prologue beside a warm
+// one (marks 1 and 2 as without it).
+#ifndef AMK_DIAG_PROLOGUE
+#define AMK_DIAG_PROLOGUE 0
+#endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
@@ -753,6 +761,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
+  if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 0);  // the op's entry
+  for (int pass = 0; pass < (AMK_DIAG_PROLOGUE == 2 ? 2 : 1); ++pass) {  // (one pass but in the diagnostic)
+    if (pass == 1) {  // the same again, warm
+      amk_syncthreads();
+      amk_trace_mark(c, 0);
+  }
   const float ev = (int)threadIdx.x < es.words() ? amk_epi_stage_word(c, es, threadIdx.x) : 0.0f;
   if (norm) {
     // x and the norm weights staged at once, by the two halves of the block: one memory
@@ -784,14 +798,17 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     } else {
       inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }
+    if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged, its RMS known
     for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
   } else if (AMK_GEMV_COMBINE && cs.splits > 0) {
     amk_gemv_combine_x(c, cs, xs, xp, epi + amk_round4(es.words()));
   } else {
     amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[xp.at(i)] = v; });
+    if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged
   }
   if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
   for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
+  }
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
@@ -799,7 +816,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
-  amk_trace_mark(c, 0);  // prologue done
+  amk_trace_mark(c, AMK_DIAG_PROLOGUE == 1 ? 2 : AMK_DIAG_PROLOGUE == 2 ? 1 : 0);  // prologue done
 
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
@@ -820,7 +837,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     return;
   }
   amk_syncthreads();
-  amk_trace_mark(c, 1);  // rows done
+  if (AMK_DIAG_PROLOGUE == 0) amk_trace_mark(c, 1);  // rows done
+  if (AMK_DIAG_PROLOGUE == 2) amk_trace_mark(c, 2);
 
   if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
     const AmkOperand& y = t.out[0];
