@@ -35,7 +35,8 @@
 // (0 at the op's entry, 1 once thread 0 has x staged and, with the norm, its block sum, 2 at the
 // prologue's end; the last phase is then rows + epilogue + release); 2 stages the prologue twice
 // (it writes shared memory only), mark 0 between, so a trace shows a cold prologue beside a warm
-// one (marks 1 and 2 as without it).
+// one (marks 1 and 2 as without it); 3 marks the op's first instruction (0), its entry (1) and
+// the prologue's end (2).
 #ifndef AMK_DIAG_PROLOGUE
 #define AMK_DIAG_PROLOGUE 0
 #endif
@@ -735,6 +736,7 @@ AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K)
 }
 
 AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
+  if (AMK_DIAG_PROLOGUE == 3) amk_trace_mark(c, 0);  // the op's first instruction
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
   const int m = amk_row_width(t);
@@ -761,7 +763,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
-  if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 0);  // the op's entry
+  if (AMK_DIAG_PROLOGUE == 1 || AMK_DIAG_PROLOGUE == 3) amk_trace_mark(c, AMK_DIAG_PROLOGUE == 3);  // the op's entry
   for (int pass = 0; pass < (AMK_DIAG_PROLOGUE == 2 ? 2 : 1); ++pass) {  // (one pass but in the diagnostic)
     if (pass == 1) {  // the same again, warm
       amk_syncthreads();
@@ -816,7 +818,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
-  amk_trace_mark(c, AMK_DIAG_PROLOGUE == 1 ? 2 : AMK_DIAG_PROLOGUE == 2 ? 1 : 0);  // prologue done
+  amk_trace_mark(c, AMK_DIAG_PROLOGUE == 1 || AMK_DIAG_PROLOGUE == 3 ? 2 : AMK_DIAG_PROLOGUE == 2 ? 1 : 0);  // prologue done
 
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
