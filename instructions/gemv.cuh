@@ -35,10 +35,14 @@
 // (0 at the op's entry, 1 once thread 0 has x staged and, with the norm, its block sum, 2 at the
 // prologue's end; the last phase is then rows + epilogue + release); 2 stages the prologue twice
 // (it writes shared memory only), mark 0 between, so a trace shows a cold prologue beside a warm
-// one (marks 1 and 2 as without it); 3 marks the op's first instruction (0), its entry (1) and
-// the prologue's end (2).
+// one (marks 1 and 2 as without it).
 #ifndef AMK_DIAG_PROLOGUE
 #define AMK_DIAG_PROLOGUE 0
+#endif
+// 1: the GEMV sets up from its record (shared-memory carve, operands, epilogue shape) before its
+// wait, overlapping it; 0: it waits first (a trace put that setup at 0.25 us after the wait).
+#ifndef AMK_GEMV_SETUP_FIRST
+#define AMK_GEMV_SETUP_FIRST 1
 #endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
@@ -735,25 +739,24 @@ AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K)
   }
 }
 
-AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
-  if (AMK_DIAG_PROLOGUE == 3) amk_trace_mark(c, 0);  // the op's first instruction
+// The setup before wait() reads the task record and buffer descriptors only.
+template <class Wait>
+AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   const AmkTask& t = *c.t;
   const int rows = t.ip[AMK_P_ROWS], k_lo = t.ip[AMK_P_K_LO], K = t.ip[AMK_P_K_HI] - k_lo;
   const int m = amk_row_width(t);
   const AmkXPad xp = amk_xpad_of(t);
   float* xs = amk_smem(c, amk_smem_gemv(t));
-  if (!xs) return;
+  if (!xs) {  // (reported)
+    if (AMK_GEMV_SETUP_FIRST) wait();
+    return;
+  }
   float* acc = xs + amk_xs_words(K, xp);
   float* red = acc + amk_round4((long long)rows * m);
 
   // prologue: stage x (or its RMSNorm, or the attention combine) as fp32, every load of a thread
   // in flight at once
   const AmkCombineShape cs = amk_gemv_combine(t);
-  if ((!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) ||  // a build without the combine prologue
-      (!AMK_GEMV_PARTIALS && (amk_has(c, AMK_ROLE_X_PART) || amk_has(c, AMK_ROLE_RES_PART)))) {  // or the partials
-    if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
-    return;
-  }
   const AmkOperand& x = amk_in(c, cs.splits > 0 ? AMK_ROLE_O : AMK_ROLE_X);  // (a combine reads no x)
   const AmkBuffer& xb = amk_buf(c, x);
   const bool norm = t.ip[AMK_P_HAS_NORM] != 0;  // x is then the whole row (for its RMS), else the K slice
@@ -763,7 +766,13 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
   // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
-  if (AMK_DIAG_PROLOGUE == 1 || AMK_DIAG_PROLOGUE == 3) amk_trace_mark(c, AMK_DIAG_PROLOGUE == 3);  // the op's entry
+  if (AMK_GEMV_SETUP_FIRST && !wait()) return;
+  if ((!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) ||  // a build without the combine prologue
+      (!AMK_GEMV_PARTIALS && (amk_has(c, AMK_ROLE_X_PART) || amk_has(c, AMK_ROLE_RES_PART)))) {  // or the partials
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
+    return;
+  }
+  if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 0);  // the op's entry
   for (int pass = 0; pass < (AMK_DIAG_PROLOGUE == 2 ? 2 : 1); ++pass) {  // (one pass but in the diagnostic)
     if (pass == 1) {  // the same again, warm
       amk_syncthreads();
@@ -818,7 +827,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }
-  amk_trace_mark(c, AMK_DIAG_PROLOGUE == 1 || AMK_DIAG_PROLOGUE == 3 ? 2 : AMK_DIAG_PROLOGUE == 2 ? 1 : 0);  // prologue done
+  amk_trace_mark(c, AMK_DIAG_PROLOGUE == 1 ? 2 : AMK_DIAG_PROLOGUE == 2 ? 1 : 0);  // prologue done
 
   if (!amk_gemv_w_ok(w) || !amk_gemv_w_ok(w2) || w2.wb->dtype != w.wb->dtype) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);

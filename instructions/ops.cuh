@@ -21,12 +21,30 @@
     }                                      \
     break;
 
-// Run one task; all threads of the block; the task record is in shared memory.
-AMK_DEVICE void amk_dispatch(const AmkCtx& c) {
+// Run one task; all threads of the block; the task record is in shared memory. Every path calls
+// wait() once, with every thread: it returns once the task's waits are met (false: give up, and
+// do nothing more), and nothing that another task writes may be read before it. The GEMV calls
+// it itself, after its setup from the record (which took 0.25 us after the wait: eval/
+// PERF_NOTES.md item 156); the other ops wait first. (Two call sites: each inlines the wait.)
+template <class Wait>
+AMK_DEVICE void amk_dispatch(const AmkCtx& c, Wait& wait) {
+  if constexpr (AMK_WITH_OP(AMK_OP_GEMV) && AMK_GEMV_SETUP_FIRST) {
+    if (c.t->op == AMK_OP_GEMV) {
+      amk_op_gemv(c, wait);
+      return;
+    }
+  }
+  if (!wait()) return;
+  const auto waited = []() { return true; };
   switch (c.t->op) {
     AMK_OP_CASE(AMK_OP_EMBED, amk_op_embed)
     AMK_OP_CASE(AMK_OP_RMSNORM, amk_op_rmsnorm)
-    AMK_OP_CASE(AMK_OP_GEMV, amk_op_gemv)
+    case AMK_OP_GEMV:
+      if constexpr (AMK_WITH_OP(AMK_OP_GEMV) && !AMK_GEMV_SETUP_FIRST) {
+        amk_op_gemv(c, waited);
+        return;
+      }
+      break;
     AMK_OP_CASE(AMK_OP_REDUCE, amk_op_reduce)
     AMK_OP_CASE(AMK_OP_ROPE, amk_op_rope)
     AMK_OP_CASE(AMK_OP_KV_APPEND, amk_op_kv_append)

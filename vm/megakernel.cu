@@ -1,9 +1,10 @@
 // The AMK megakernel: one persistent block per queue walks its tasks in order.
 //
-// Per task:  copy the record and its buffer descriptors to shared memory -> thread 0 spins
-//            (acquire) until every wait is met while warps 1.. prefetch immutable inputs into
-//            L2 (this task's, or prefetch_depth-1 tasks ahead) -> barrier -> dispatch the op
-//            -> barrier -> thread 0 releases +1 on the task's out_counter.
+// Per task:  copy the record and its buffer descriptors to shared memory -> dispatch the op,
+//            which may first set up from the record alone, then waits: thread 0 spins (acquire)
+//            until every wait is met while warps 1.. prefetch immutable inputs into L2 (this
+//            task's, or prefetch_depth-1 tasks ahead) -> barrier -> the op's body -> barrier ->
+//            thread 0 releases +1 on the task's out_counter.
 //
 // Counters are monotonic across steps: the host passes `epoch` (1 for the first step after
 // a reset, +1 per step) and a wait for threshold t on a counter with P producers per step
@@ -178,14 +179,10 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
       s_bufs.b[threadIdx.x] = bufs[o.buf];
       o.buf = threadIdx.x;
     }
-    if (threadIdx.x == 0) s_waiting = 1;
+    if (threadIdx.x == 0) s_waiting = 1, s_go = -1;  // -1: not waited yet
     const int out_counter = s_task.out_counter, out_scope = s_task.out_scope;
     amk_syncthreads();
 
-    // Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs (weights) of
-    // this task or of the one prefetch_depth-1 ahead (the first ones at queue start), and stop
-    // when the wait is over: a prefetch that ran to completion before a short wait delayed
-    // the op by the time it took to issue (6 us per 508 KB gate/up slab).
 #ifdef AMK_TRACE
     c.trace_row = trace + (long long)AMK_TRACE_COLS * queue_tasks[qi];
     c.marks = s_marks.t;
@@ -194,23 +191,33 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
       for (int k = 0; k < AMK_TRACE_MARKS; ++k) s_marks.t[k] = 0;  // 0 = not marked
     }
 #endif
-    if (threadIdx.x == 0) {
-      s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
-      *(volatile int*)&s_waiting = 0;
-    } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
-      const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
-      for (int a = first; a < last; ++a)
-        amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
-                          &s_waiting);
-    }
+    // The op calls this once, with every thread, when it has done what it may before the wait
+    // (amk_dispatch). Thread 0 waits; meanwhile warps 1.. start the L2 fetch of immutable inputs
+    // (weights) of this task or of the one prefetch_depth-1 ahead (the first ones at queue
+    // start), and stop when the wait is over: a prefetch that ran to completion before a short
+    // wait delayed the op by the time it took to issue (6 us per 508 KB gate/up slab).
+    const auto wait = [&]() -> bool {
+      if (threadIdx.x == 0) {
+        s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
+        *(volatile int*)&s_waiting = 0;
+      } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
+        const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
+        for (int a = first; a < last; ++a)
+          amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
+                            &s_waiting);
+      }
 #ifdef AMK_TRACE
-    if (threadIdx.x == 0) s_marks.met = amk_timer_ns();
+      if (threadIdx.x == 0) s_marks.met = amk_timer_ns();
 #endif
+      amk_syncthreads();
+      return s_go == 1;
+    };
+    amk_dispatch(c, wait);
     amk_syncthreads();
-    if (!s_go) break;
-
-    amk_dispatch(c);
-    amk_syncthreads();
+    if (s_go != 1) {  // the wait gave up (reported), or the op never waited (a VM bug)
+      if (s_go < 0 && threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, s_task.op);
+      break;
+    }
 #ifdef AMK_TRACE
     if (threadIdx.x == 0) {
       c.trace_row[AMK_TRACE_BODY_DONE] = amk_timer_ns();
