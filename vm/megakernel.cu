@@ -68,7 +68,10 @@ static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Out of line where the wait is inlined at several sites (AMK_SETUP_FIRST: -8 KB of sm_90 code a
 // site); inline in the every-dtype build, where the call's saved registers spill.
-#if AMK_SETUP_FIRST
+#ifndef AMK_PREFETCH_OUTLINE
+#define AMK_PREFETCH_OUTLINE AMK_SETUP_FIRST
+#endif
+#if AMK_PREFETCH_OUTLINE
 #define AMK_PREFETCH_FN AMK_DEVICE_NOINLINE
 #else
 #define AMK_PREFETCH_FN AMK_DEVICE
