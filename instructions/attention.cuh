@@ -557,38 +557,32 @@ AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, 
   }
 }
 
-// The setup before wait() reads the record and descriptors only, and clears the shared
-// accumulators (no task's output).
-template <class Wait>
-AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c, const Wait& wait) {
+AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const int hd = t.ip[AMK_P_ATTN_HEAD_DIM], qh = t.ip[AMK_P_ATTN_Q_HEADS];
   const int splits = t.ip[AMK_P_ATTN_SPLITS], split = t.ip[AMK_P_ATTN_SPLIT], block = t.ip[AMK_P_ATTN_BLOCK];
   const int cap = t.ip[AMK_P_ATTN_SCORE_CAP];
   const float scale = t.fp[AMK_F_ATTN_SCALE];
   const int nw = amk_nwarps();
-  const bool shape_ok = hd <= AMK_MAX_HEAD_DIM && cap >= 1;
-  float* const qs = shape_ok ? amk_smem(c, amk_smem_attn_partial(t, nw)) : nullptr;
-  const int qn = qs ? qh * hd : 0;  // (none of the carve below is touched without it)
-  float* o = qs + qn;
-  float* mh = o + qn;
+  if (hd > AMK_MAX_HEAD_DIM || cap < 1) {
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, hd, cap);
+    return;
+  }
+  float* qs = amk_smem(c, amk_smem_attn_partial(t, nw));
+  if (!qs) return;
+  float* o = qs + qh * hd;
+  float* mh = o + qh * hd;
   float* lh = mh + qh;
   int* mkey = (int*)(lh + qh);
   float* wpart = (float*)(mkey + qh);
   float* cache = wpart + nw * AMK_ATTN_HB * hd;
-  if (qs) {
-    for (int i = threadIdx.x; i < qn; i += blockDim.x) o[i] = 0.0f;
-    for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
-  }
-  if (!wait()) return;
-  if (!shape_ok) {
-    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, hd, cap);
-    return;
-  }
-  if (!qs) return;  // (reported)
 
   const AmkOperand &q = amk_in(c, AMK_ROLE_Q), &k = amk_in(c, AMK_ROLE_K), &v = amk_in(c, AMK_ROLE_V);
   const AmkBuffer &qb = amk_buf(c, q), &kb = amk_buf(c, k), &vb = amk_buf(c, v);
+  // the accumulators cleared before q's loads go out, not after they land (the SmolLM2 shape -2 %,
+  // eval/PERF_NOTES.md item 157)
+  for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) o[i] = 0.0f;
+  for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
   const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));  // in flight while q is staged
   amk_for_elems(qb, q, 0, qh * hd, [&](int i, float x) { qs[i] = x; });
   if (!amk_check_pos(c, pos)) return;
@@ -629,12 +623,11 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
       AmkCombineShape{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]});
 }
 
-template <class Wait>
-AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c, const Wait& wait) {
+AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const AmkCombineShape sh{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]};
   float* wm = amk_smem(c, amk_smem_attn_combine(t));
-  if (!wait() || !wm) return;  // (a null wm was reported)
+  if (!wm) return;
   float* ls = wm + sh.pairs();
   float* den = ls + sh.pairs();
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];

@@ -39,6 +39,13 @@
 #ifndef AMK_DIAG_PROLOGUE
 #define AMK_DIAG_PROLOGUE 0
 #endif
+// 1: the GEMV sets up from its record (shared-memory carve, operands, epilogue shape) before its
+// wait, overlapping it (a trace put that setup at 0.25 us after the wait; the 1B -1.1 %, the
+// SmolLM2 shape -2.5 % on an H200: eval/PERF_NOTES.md item 156); 0: it waits first, as every other
+// op does. The every-dtype build (both quantized formats) keeps 0: it spills with 1.
+#ifndef AMK_GEMV_SETUP_FIRST
+#define AMK_GEMV_SETUP_FIRST (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) && AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4) ? 0 : 1)
+#endif
 #ifndef AMK_GEMV_UNROLL_Q
 #define AMK_GEMV_UNROLL_Q 8  // HIP and the CPU emulator; CUDA picks per architecture (vm/arch_cuda.h)
 #endif
@@ -743,7 +750,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   const AmkXPad xp = amk_xpad_of(t);
   float* xs = amk_smem(c, amk_smem_gemv(t));
   if (!xs) {  // (reported)
-    wait();
+    if (AMK_GEMV_SETUP_FIRST) wait();
     return;
   }
   float* acc = xs + amk_xs_words(K, xp);
@@ -761,7 +768,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
-  if (!wait()) return;
+  if (AMK_GEMV_SETUP_FIRST && !wait()) return;
   if ((!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) ||  // a build without the combine prologue
       (!AMK_GEMV_PARTIALS && (amk_has(c, AMK_ROLE_X_PART) || amk_has(c, AMK_ROLE_RES_PART)))) {  // or the partials
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);

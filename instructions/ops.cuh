@@ -20,61 +20,41 @@
       return;                              \
     }                                      \
     break;
-// An op that takes a wait, where it does not call it itself (`first` false): called after the
-// wait, with `waited` (true).
-#define AMK_OP_CASE_WAITED(op, fn, first)          \
-  case op:                                         \
-    if constexpr (AMK_WITH_OP(op) && !(first)) {   \
-      fn(c, waited);                               \
-      return;                                      \
-    }                                              \
-    break;
 
 // Run one task; all threads of the block; the task record is in shared memory. Every path calls
 // wait() once, with every thread: it returns once the task's waits are met (false: give up, and
-// do nothing more), and nothing that another task writes may be read before it. With
-// AMK_SETUP_FIRST the GEMV (1, 2) and the attention ops (2) call it themselves, after their setup
-// from the record (the GEMV's took 0.25 us after the wait: eval/PERF_NOTES.md item 156); the other
-// ops wait first. (Each call site inlines the wait.)
-// The every-dtype build (both quantized formats) keeps 0: it spills with either level.
-#ifndef AMK_SETUP_FIRST
-#define AMK_SETUP_FIRST (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8) && AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_U4) ? 0 : 1)
-#endif
+// do nothing more), and nothing that another task writes may be read before it. The GEMV calls
+// it itself, after its setup from the record (which took 0.25 us after the wait: eval/
+// PERF_NOTES.md item 156); the other ops wait first. (So two call sites, each inlining the wait.)
 template <class Wait>
 AMK_DEVICE void amk_dispatch(const AmkCtx& c, Wait& wait) {
-  const int op = c.t->op;
-  if constexpr (AMK_SETUP_FIRST >= 1) {
-    if (AMK_WITH_OP(AMK_OP_GEMV) && op == AMK_OP_GEMV) {
-      if constexpr (AMK_WITH_OP(AMK_OP_GEMV)) amk_op_gemv(c, wait);
-      return;
-    }
-  }
-  if constexpr (AMK_SETUP_FIRST >= 2) {
-    if (AMK_WITH_OP(AMK_OP_ATTN_PARTIAL) && op == AMK_OP_ATTN_PARTIAL) {
-      if constexpr (AMK_WITH_OP(AMK_OP_ATTN_PARTIAL)) amk_op_attn_partial(c, wait);
-      return;
-    }
-    if (AMK_WITH_OP(AMK_OP_ATTN_COMBINE) && op == AMK_OP_ATTN_COMBINE) {
-      if constexpr (AMK_WITH_OP(AMK_OP_ATTN_COMBINE)) amk_op_attn_combine(c, wait);
+  if constexpr (AMK_WITH_OP(AMK_OP_GEMV) && AMK_GEMV_SETUP_FIRST) {
+    if (c.t->op == AMK_OP_GEMV) {
+      amk_op_gemv(c, wait);
       return;
     }
   }
   if (!wait()) return;
   const auto waited = []() { return true; };
-  switch (op) {
+  switch (c.t->op) {
     AMK_OP_CASE(AMK_OP_EMBED, amk_op_embed)
     AMK_OP_CASE(AMK_OP_RMSNORM, amk_op_rmsnorm)
-    AMK_OP_CASE_WAITED(AMK_OP_GEMV, amk_op_gemv, AMK_SETUP_FIRST >= 1)
+    case AMK_OP_GEMV:
+      if constexpr (AMK_WITH_OP(AMK_OP_GEMV) && !AMK_GEMV_SETUP_FIRST) {
+        amk_op_gemv(c, waited);
+        return;
+      }
+      break;
     AMK_OP_CASE(AMK_OP_REDUCE, amk_op_reduce)
     AMK_OP_CASE(AMK_OP_ROPE, amk_op_rope)
     AMK_OP_CASE(AMK_OP_KV_APPEND, amk_op_kv_append)
-    AMK_OP_CASE_WAITED(AMK_OP_ATTN_PARTIAL, amk_op_attn_partial, AMK_SETUP_FIRST >= 2)
-    AMK_OP_CASE_WAITED(AMK_OP_ATTN_COMBINE, amk_op_attn_combine, AMK_SETUP_FIRST >= 2)
+    AMK_OP_CASE(AMK_OP_ATTN_PARTIAL, amk_op_attn_partial)
+    AMK_OP_CASE(AMK_OP_ATTN_COMBINE, amk_op_attn_combine)
     AMK_OP_CASE(AMK_OP_SILU_MUL, amk_op_silu_mul)
     AMK_OP_CASE(AMK_OP_ADD, amk_op_add)
     AMK_OP_CASE(AMK_OP_ARGMAX, amk_op_argmax)
     AMK_OP_CASE(AMK_OP_HEAD_NORM, amk_op_head_norm)
     default: break;
   }
-  if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, op);
+  if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, c.t->op);
 }

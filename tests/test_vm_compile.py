@@ -77,9 +77,10 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
 # amk_flat's divisions out of line took it from 695,040 to 487,168 B and the SmolLM2 shape
 # -3.5 %, the 1B -0.8 % (eval/PERF_NOTES.md item 79); compiling only the program's ops and
 # epilogue features and 4 element loads a batch to 294,912 B (item 81); AMK_COMBINE_EARLY's
-# early split loads 318,848 -> 320,384 B, measured faster (item 131). The budget catches a
-# regrowth.
-CODE_BUDGET_SM90_BF16 = 324_000
+# early split loads 318,848 -> 320,384 B, measured faster (item 131); the GEMV's setup before its
+# wait (a second inlined copy of the wait and its L2 hints) -> 337,920 B, measured faster (item
+# 156). The budget catches a regrowth.
+CODE_BUDGET_SM90_BF16 = 342_000
 
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4")),

@@ -66,23 +66,12 @@
 
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
-// Out of line where the wait is inlined at several sites (AMK_SETUP_FIRST: -8 KB of sm_90 code a
-// site); inline in the every-dtype build, where the call's saved registers spill.
-#ifndef AMK_PREFETCH_OUTLINE
-#define AMK_PREFETCH_OUTLINE AMK_SETUP_FIRST
-#endif
-#if AMK_PREFETCH_OUTLINE
-#define AMK_PREFETCH_FN AMK_DEVICE_NOINLINE
-#else
-#define AMK_PREFETCH_FN AMK_DEVICE
-#endif
-
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
 // partial's KV rows too, instructions/attention.cuh), spread over
 // threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
 // then on the op's own loads fetch the rest). Reads the record from the global table: it may
 // be a task further down the queue.
-AMK_PREFETCH_FN void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
+AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
                                   int nthr, const volatile int* keep_going) {
   if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
   long long budget = (long long)AMK_PREFETCH_KB * 1024 / 128;  // 128-byte line slots
