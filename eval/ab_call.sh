@@ -11,8 +11,10 @@
 #
 # Each group is MODEL followed by amk.eval.ab's own arguments; config paths are relative to the
 # repository root. Every group gets --bandwidth 3000 unless it names one, and writes
-# $OUT/ab_<n>_<model>.json (after every bench: a call cut short keeps what it measured) and
-# $OUT/ab_<n>_<model>.log (progress). A group is skipped once less than AMK_AB_MIN_LEFT_S (150 s) of
+# $OUT/ab_<n>_<model>.json (after every bench: a call cut short keeps what it measured). Its
+# progress, the environment's setup and the GPU's clocks go to the one $OUT/ab_call.log: N groups
+# bring back N + 1 files (a device call returns at most 8; session 46 lost a third group's files
+# when each group wrote three). A group is skipped once less than AMK_AB_MIN_LEFT_S (150 s) of
 # AMK_AB_BUDGET_S (540 s) is left; its benches each get what remains of the budget at most.
 # The tables come last in the output, so the reply's tail holds them.
 set -uo pipefail
@@ -25,11 +27,13 @@ mkdir -p "$OUT"
 [ $# -ge 1 ] || { echo "usage: bash eval/ab_call.sh \"MODEL --arm L=[CFG][@DEFINES] ...\" ..." >&2; exit 2; }
 export AMK_GIT_COMMIT=${AMK_GIT_COMMIT:-$(cat "$REPO/.git_commit" 2>/dev/null || git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)}
 ROOT=$REPO
-source "$REPO/eval/device_env.sh" >"$OUT/env.log" 2>&1 || { echo "eval/device_env.sh failed (see env.log)"; exit 1; }
+LOG="$OUT/ab_call.log"
+: >"$LOG"
+source "$REPO/eval/device_env.sh" >>"$LOG" 2>&1 || { echo "eval/device_env.sh failed (see ab_call.log)"; exit 1; }
 # outside the repository root, so that its amk/ folder does not shadow the package shim;
 # config paths are made absolute below
 mkdir -p /tmp/amk-run && cd /tmp/amk-run || exit 1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$LOG"
 
 n=0
 status=0
@@ -55,10 +59,11 @@ for group in "$@"; do
     continue
   fi
   echo "[ab_call +$((SECONDS - START))s] $model ${args[*]} (at most ${left}s)"
+  echo "== group $n ($tag): $model ${args[*]}" >>"$LOG"
   timeout -k 10 "$left" python3 -m amk.eval.ab "$model" "${args[@]}" --timeout "$left" --out "$OUT/$tag.json" \
-    >"$OUT/$tag.txt" 2>"$OUT/$tag.log"
+    >>"$LOG" 2>&1
   rc=$?
-  [ "$rc" -eq 0 ] || { status=1; echo "[ab_call] group $n exited $rc (see $tag.log)"; tail -n 5 "$OUT/$tag.log"; }
+  [ "$rc" -eq 0 ] || { status=1; echo "[ab_call] group $n exited $rc (see ab_call.log)"; tail -n 5 "$LOG"; }
   tables+=("$OUT/$tag.json")
 done
 echo "[ab_call] done in $((SECONDS - START))s"

@@ -159,8 +159,8 @@ def test_every_bench_is_saved_as_it_finishes():
 def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     """eval/ab_call.sh on a machine without a GPU: the first group's benches fail (no latency),
     its JSON is written with a repository-relative config made absolute, its table is printed
-    from the JSON, the exit status says a group failed, and a group that the budget no longer
-    covers is skipped, not run."""
+    from the JSON, the exit status says a group failed, a group that the budget no longer
+    covers is skipped, not run, and $OUT holds the JSON and one log, nothing else."""
     import os
     import subprocess
     import sys
@@ -191,5 +191,8 @@ def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     assert all(r["status"] != "ok" for rr in doc["rounds"] for r in rr.values())  # no GPU: no latency
     assert "skipped group 2 (llama-3.2-1b)" in run.stdout
     assert not (tmp_path / "out" / "ab_2_llama-3.2-1b.json").exists()
+    # a device call brings back at most 8 files: a group's JSON each, and one log for them all
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ab_1_smollm2-135m.json", "ab_call.log"]
+    assert "== group 1 (ab_1_smollm2-135m)" in (tmp_path / "out" / "ab_call.log").read_text()
     table = run.stdout[run.stdout.index("== ab_1_smollm2-135m"):]
     assert "FAIL" in table and "kv_splits_12.json" in table
