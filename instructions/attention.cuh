@@ -579,8 +579,8 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 
   const AmkOperand &q = amk_in(c, AMK_ROLE_Q), &k = amk_in(c, AMK_ROLE_K), &v = amk_in(c, AMK_ROLE_V);
   const AmkBuffer &qb = amk_buf(c, q), &kb = amk_buf(c, k), &vb = amk_buf(c, v);
-  // the accumulators cleared before q's loads go out, not after they land (the SmolLM2 shape -2 %,
-  // eval/PERF_NOTES.md item 157)
+  // the accumulators cleared before q's loads go out, not after they land (the SmolLM2 shape ~-2 %
+  // across device calls, not paired: eval/PERF_NOTES.md item 157)
   for (int i = threadIdx.x; i < qh * hd; i += blockDim.x) o[i] = 0.0f;
   for (int h = threadIdx.x; h < qh; h += blockDim.x) lh[h] = 0.0f, mkey[h] = amk_order_key(amk_neg_inf());
   const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));  // in flight while q is staged

@@ -750,7 +750,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   const AmkXPad xp = amk_xpad_of(t);
   float* xs = amk_smem(c, amk_smem_gemv(t));
   if (!xs) {  // (reported)
-    if (AMK_GEMV_SETUP_FIRST) wait();
+    wait();
     return;
   }
   float* acc = xs + amk_xs_words(K, xp);
@@ -768,7 +768,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   // the epilogue's operands, loaded now into a register a thread (word i by thread i) so that
   // their round trip overlaps x's; stored to shared memory after it
   const AmkEpiStage es = amk_gemv_epi_stage(t);
-  if (AMK_GEMV_SETUP_FIRST && !wait()) return;
+  if (!wait()) return;  // (amk_dispatch passes a no-op where it waited already)
   if ((!AMK_GEMV_COMBINE && t.ip[AMK_P_COMBINE_SPLITS] > 0) ||  // a build without the combine prologue
       (!AMK_GEMV_PARTIALS && (amk_has(c, AMK_ROLE_X_PART) || amk_has(c, AMK_ROLE_RES_PART)))) {  // or the partials
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
@@ -779,48 +779,48 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (pass == 1) {  // the same again, warm
       amk_syncthreads();
       amk_trace_mark(c, 0);
-  }
-  const float ev = (int)threadIdx.x < es.words() ? amk_epi_stage_word(c, es, threadIdx.x) : 0.0f;
-  if (norm) {
-    // x and the norm weights staged at once, by the two halves of the block: one memory
-    // round trip where loading the weights after the sum of squares took a second one
-    const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
-    const int half = blockDim.x / 2;
-    float ss = 0.0f;  // AMK_GEMV_NORM_ONE_BARRIER: the squares of the x elements this thread stages
-    const auto stage_x = [&](int i, float v) {
-      xs[xp.at(i)] = v;
-      if (AMK_GEMV_NORM_ONE_BARRIER) ss += v * v;
-    };
-    if ((int)threadIdx.x < half) {
-      if (AMK_GEMV_PARTIALS && amk_has(c, AMK_ROLE_X_PART)) {  // x as the REDUCE it replaces would have left it
-        const AmkOperand& xp_op = amk_in(c, AMK_ROLE_X_PART);
-        amk_for_elems_plus_partials(xb, x, amk_buf(c, xp_op), xp_op, k_lo, K, stage_x, threadIdx.x, half);
-      } else {
-        amk_for_elems(xb, x, k_lo, K, stage_x, threadIdx.x, half);
-      }
-    } else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
-    const int hidden = t.ip[AMK_P_K];
-    const float eps = t.fp[AMK_F_NORM_EPS];
-    float inv;
-    if (k_lo == 0 && K == hidden) {  // the whole row is staged
-      if (!AMK_GEMV_NORM_ONE_BARRIER) {  // its squares come from shared memory
-        amk_syncthreads();
-        for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
-      }  // else they were summed as x was loaded, and the block sum's one barrier publishes x too
-      inv = amk_inv_rms(amk_block_sum(ss, red, AMK_GEMV_NORM_ONE_BARRIER), hidden, eps);
-    } else {
-      inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
     }
-    if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged, its RMS known
-    for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
-  } else if (AMK_GEMV_COMBINE && cs.splits > 0) {
-    amk_gemv_combine_x(c, cs, xs, xp, epi + amk_round4(es.words()));
-  } else {
-    amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[xp.at(i)] = v; });
-    if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged
-  }
-  if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
-  for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
+    const float ev = (int)threadIdx.x < es.words() ? amk_epi_stage_word(c, es, threadIdx.x) : 0.0f;
+    if (norm) {
+      // x and the norm weights staged at once, by the two halves of the block: one memory
+      // round trip where loading the weights after the sum of squares took a second one
+      const AmkOperand& g = amk_in(c, AMK_ROLE_GAMMA);
+      const int half = blockDim.x / 2;
+      float ss = 0.0f;  // AMK_GEMV_NORM_ONE_BARRIER: the squares of the x elements this thread stages
+      const auto stage_x = [&](int i, float v) {
+        xs[xp.at(i)] = v;
+        if (AMK_GEMV_NORM_ONE_BARRIER) ss += v * v;
+      };
+      if ((int)threadIdx.x < half) {
+        if (AMK_GEMV_PARTIALS && amk_has(c, AMK_ROLE_X_PART)) {  // x as the REDUCE it replaces would have left it
+          const AmkOperand& xp_op = amk_in(c, AMK_ROLE_X_PART);
+          amk_for_elems_plus_partials(xb, x, amk_buf(c, xp_op), xp_op, k_lo, K, stage_x, threadIdx.x, half);
+        } else {
+          amk_for_elems(xb, x, k_lo, K, stage_x, threadIdx.x, half);
+        }
+      } else amk_for_elems(amk_buf(c, g), g, k_lo, K, [&](int i, float v) { gs[i] = v; }, threadIdx.x - half, blockDim.x - half);
+      const int hidden = t.ip[AMK_P_K];
+      const float eps = t.fp[AMK_F_NORM_EPS];
+      float inv;
+      if (k_lo == 0 && K == hidden) {  // the whole row is staged
+        if (!AMK_GEMV_NORM_ONE_BARRIER) {  // its squares come from shared memory
+          amk_syncthreads();
+          for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
+        }  // else they were summed as x was loaded, and the block sum's one barrier publishes x too
+        inv = amk_inv_rms(amk_block_sum(ss, red, AMK_GEMV_NORM_ONE_BARRIER), hidden, eps);
+      } else {
+        inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
+      }
+      if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged, its RMS known
+      for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
+    } else if (AMK_GEMV_COMBINE && cs.splits > 0) {
+      amk_gemv_combine_x(c, cs, xs, xp, epi + amk_round4(es.words()));
+    } else {
+      amk_for_elems(xb, x, 0, K, [&](int i, float v) { xs[xp.at(i)] = v; });
+      if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged
+    }
+    if ((int)threadIdx.x < es.words()) epi[threadIdx.x] = ev;
+    for (int i = threadIdx.x + blockDim.x; i < es.words(); i += blockDim.x) epi[i] = amk_epi_stage_word(c, es, i);
   }
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;

@@ -39,7 +39,8 @@ AMK_DEVICE void amk_dispatch(const AmkCtx& c, Wait& wait) {
   switch (c.t->op) {
     AMK_OP_CASE(AMK_OP_EMBED, amk_op_embed)
     AMK_OP_CASE(AMK_OP_RMSNORM, amk_op_rmsnorm)
-    case AMK_OP_GEMV:
+    case AMK_OP_GEMV:  // (after the one wait, where the setup does not come first: two wait sites
+                       // spilled the every-dtype build even with nothing set up before the wait)
       if constexpr (AMK_WITH_OP(AMK_OP_GEMV) && !AMK_GEMV_SETUP_FIRST) {
         amk_op_gemv(c, waited);
         return;
