@@ -703,31 +703,6 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* 
 #define AMK_GEMV_NORM_ONE_BARRIER 1
 #endif
 
-// The norm's apply pass over the staged x (in place) and weights gs. AMK_GEMV_APPLY_BATCH elements
-// a thread at a time, their shared-memory loads in flight together: one element an iteration was
-// a dependent chain of two LDS, two FMULs with their roundings and an STS (~65 cycles; 8 of them
-// a thread at K = 2048, 256 threads: eval/PERF_NOTES.md item 155).
-#ifndef AMK_GEMV_APPLY_BATCH
-#define AMK_GEMV_APPLY_BATCH 1
-#endif
-AMK_DEVICE void amk_gemv_norm_apply(float* xs, AmkXPad xp, const float* gs, int K, float inv, int dt) {
-  constexpr int B = AMK_GEMV_APPLY_BATCH;
-  for (int i0 = threadIdx.x; i0 < K; i0 += B * blockDim.x) {
-    float xv[B], gv[B];
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      const int i = i0 + u * blockDim.x;
-      xv[u] = i < K ? xs[xp.at(i)] : 0.0f;
-      gv[u] = i < K ? gs[i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < B; ++u) {
-      const int i = i0 + u * blockDim.x;
-      if (i < K) xs[xp.at(i)] = amk_rms_apply(xv[u], inv, gv[u], dt);
-    }
-  }
-}
-
 // The combine prologue: x is the attention output of every KV head, combined from the partials
 // (combine.cuh) and rounded to y's dtype, where the standalone combine would have stored it.
 // cw: the combine's shared memory (amk_combine_smem_words).
@@ -837,7 +812,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
         inv = amk_block_inv_rms(c, x, hidden, eps, red);  // its barriers also publish xs and gs
       }
       if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 1);  // x staged, its RMS known
-      amk_gemv_norm_apply(xs, xp, gs, K, inv, xb.dtype);
+      for (int i = threadIdx.x; i < K; i += blockDim.x) xs[xp.at(i)] = amk_rms_apply(xs[xp.at(i)], inv, gs[i], xb.dtype);
     } else if (AMK_GEMV_COMBINE && cs.splits > 0) {
       amk_gemv_combine_x(c, cs, xs, xp, epi + amk_round4(es.words()));
     } else {
