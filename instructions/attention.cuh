@@ -22,7 +22,6 @@
 // reduce-scatters the row groups instead (amk_attn_pv_wide).
 //
 // Shared memory (words): qs[QH*hd] | o[QH*hd] | m[QH] | l[QH] | mkey[QH] | wpart[nwarps*HB*hd] | cache[QH*cap]
-//   | (AMK_ATTN_STAGE, from a 4-word boundary) the staged K rows | the staged V rows
 #pragma once
 #include "common.cuh"
 #include "vec.cuh"
@@ -533,101 +532,6 @@ AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, i
   j1 = min(j0 + chunk, len);
 }
 
-// AMK_ATTN_STAGE (experiment, off; vm/loader.py reserves the room only when $AMK_VM_DEFINES sets
-// it): the split's K and V rows copied into shared memory (cp.async) before the partial's wait,
-// instead of hinted into L2 during it, so that both passes read shared memory after the wait
-// where each took an L2 round trip (the SmolLM2 shape's scores 1.85 us, P.V 2.07: PERF_NOTES
-// item 155's trace). Item 84 copied them after the wait and lost: the copies then sat on the
-// critical path. Safe before the wait because the step writes one row of the cache, row pos (pos
-// is an input no task writes): every other row of the split was written by an earlier launch.
-// Row pos is copied after the wait.
-#ifndef AMK_ATTN_STAGE
-#define AMK_ATTN_STAGE 0
-#endif
-
-// Where a partial's split rows [j0, j1) are staged: after the partial's own shared memory, the
-// staged rows' two buffer descriptors (AmkBuffer, in shared memory as the cache's are), then the
-// K rows and the V rows, row j at k (or v) + (j - j0) * pitch words, a row padded by 16 bytes so
-// that the 16-byte reads of a quarter warp fall on different banks. k == nullptr: not staged.
-// The answer depends only on the task record, the buffer descriptors, pos and the launch's
-// shared memory, so the op before its wait and after it agree.
-struct AmkAttnStage {
-  AmkBuffer* desc;  // [2]: the staged K and V rows' descriptors
-  float *k, *v;
-  int pitch;
-};
-#define AMK_ATTN_STAGE_DESC_WORDS ((2 * (int)sizeof(AmkBuffer) + 15) / 16 * 4)  // (vm/loader.py ATTN_STAGE_DESC_WORDS)
-
-AMK_DEVICE AmkAttnStage amk_attn_stage_plan(const AmkCtx& c, int pos, int j0, int j1) {
-  AmkAttnStage s;
-  s.desc = nullptr, s.k = s.v = nullptr, s.pitch = 0;
-  if (!AMK_ATTN_STAGE) return s;
-  const AmkTask& t = *c.t;
-  const AmkOperand &k = amk_in(c, AMK_ROLE_K), &v = amk_in(c, AMK_ROLE_V);
-  const AmkBuffer &kb = amk_buf(c, k), &vb = amk_buf(c, v);
-  const int hd = t.ip[AMK_P_ATTN_HEAD_DIM];
-  if (kb.dtype != vb.dtype || (kb.dtype != AMK_DTYPE_F32 && kb.dtype != AMK_DTYPE_BF16 && kb.dtype != AMK_DTYPE_F16) ||
-      pos < 0 || pos >= kb.rows || pos >= vb.rows || hd > AMK_MAX_HEAD_DIM || j1 <= j0 ||
-      !amk_kv_rows(kb, k, hd).vec || !amk_kv_rows(vb, v, hd).vec)
-    return s;
-  const long long at = (amk_smem_attn_partial(t, amk_nwarps()) + 3) & ~3ll;
-  const int pitch = hd * (kb.dtype == AMK_DTYPE_F32 ? 4 : 2) / 4 + 4;
-  if (at + AMK_ATTN_STAGE_DESC_WORDS + 2ll * (j1 - j0) * pitch > c.smem_words) return s;
-  s.desc = (AmkBuffer*)(c.smem + at);
-  s.k = c.smem + at + AMK_ATTN_STAGE_DESC_WORDS, s.v = s.k + (long long)(j1 - j0) * pitch, s.pitch = pitch;
-  return s;
-}
-
-// Rows [ja, jb) of K and V to the staged rows of s (a split from j0), by all threads, one group.
-AMK_DEVICE void amk_attn_stage_copy(const AmkCtx& c, const AmkAttnStage& s, int j0, int ja, int jb) {
-  const int hd = c.t->ip[AMK_P_ATTN_HEAD_DIM];
-  for (int kv = 0; kv < 2; ++kv) {
-    const AmkOperand& o = amk_in(c, kv == 0 ? AMK_ROLE_K : AMK_ROLE_V);
-    const AmkKvRows r = amk_kv_rows(amk_buf(c, o), o, hd);
-    float* dst = kv == 0 ? s.k : s.v;
-    const int pieces = hd * r.bytes / 16;  // 16-byte pieces a row
-    const char* src = (const char*)r.b->ptr;
-    for (int i = threadIdx.x; i < (jb - ja) * pieces; i += blockDim.x) {
-      const int row = i / pieces, pc = i - row * pieces;
-      amk_copy16_async(dst + (long long)(ja - j0 + row) * s.pitch + pc * 4,
-                       src + ((amk_i64)(ja + row) * r.width + r.off) * r.bytes + pc * 16);
-    }
-  }
-  amk_copy_async_commit();
-}
-
-// Thread 0: the staged rows' descriptors, K's and V's with their row j at k (or v) + (j - j0) *
-// pitch words (a barrier publishes them).
-AMK_DEVICE void amk_attn_stage_descs(const AmkCtx& c, const AmkAttnStage& s, int j0) {
-  if (threadIdx.x != 0) return;
-  for (int kv = 0; kv < 2; ++kv) {
-    AmkBuffer& d = s.desc[kv];
-    d = amk_buf(c, amk_in(c, kv == 0 ? AMK_ROLE_K : AMK_ROLE_V));
-    d.ptr = reinterpret_cast<amk_u64>(kv == 0 ? s.k : s.v) - (amk_u64)j0 * s.pitch * 4;
-    d.width = s.pitch * 4 / (d.dtype == AMK_DTYPE_F32 ? 4 : 2);
-  }
-}
-
-// Rows r of the cache as they read from their staged copy (descriptor d), by the same code.
-AMK_DEVICE AmkKvRows amk_attn_staged_rows(const AmkKvRows& r, const AmkBuffer* d) {
-  AmkKvRows s = r;
-  s.b = d, s.off = 0, s.width = d->width;
-  return s;
-}
-
-// Before the partial's wait, all threads: its split's rows other than row pos copied to shared
-// memory. True when it staged them (then its L2 hints are not needed).
-AMK_DEVICE bool amk_attn_stage_before_wait(const AmkCtx& c) {
-  const AmkTask& t = *c.t;
-  const int pos = amk_read_pos(c, amk_in(c, AMK_ROLE_POS));
-  int j0, j1;
-  amk_attn_split_rows(pos, t.ip[AMK_P_ATTN_SPLITS], t.ip[AMK_P_ATTN_SPLIT], t.ip[AMK_P_ATTN_BLOCK], j0, j1);
-  const AmkAttnStage s = amk_attn_stage_plan(c, pos, j0, j1);
-  if (!s.k) return false;
-  amk_attn_stage_copy(c, s, j0, j0, min(j1, pos));  // row pos is this step's: copied after the wait
-  return true;
-}
-
 // While the partial waits for this step's q/k/v: hint the L2 to fetch the split's K and V
 // rows, so that its loads after the wait hit L2 instead of HBM. A hint only (the prefetch
 // cannot change what a load returns), so reading pos and the rows before the wait is safe
@@ -688,23 +592,15 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype, vb.dtype);
     return;
   }
-  const AmkAttnStage st = amk_attn_stage_plan(c, pos, j0, j1);  // AMK_ATTN_STAGE
-  if (st.k) {  // row pos (written this step) joins the rows staged before the wait
-    amk_attn_stage_copy(c, st, j0, pos > j0 ? pos : j0, j1);
-    amk_attn_stage_descs(c, st, j0);
-    amk_copy_async_wait<0>();  // this thread's copies, from before the wait too; the barrier publishes all
-  }
   amk_syncthreads();
 
   if (kb.dtype != AMK_DTYPE_F32 && kb.dtype != AMK_DTYPE_BF16 && kb.dtype != AMK_DTYPE_F16) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, kb.dtype);
     return;
   }
-  amk_trace_mark(c, 0);  // q staged, pos read (and the staged rows landed)
-  const AmkKvRows kr = amk_kv_rows(kb, k, hd), vr = amk_kv_rows(vb, v, hd);
-  const AmkKvRows K = st.k ? amk_attn_staged_rows(kr, st.desc) : kr;
-  const AmkKvRows V = st.k ? amk_attn_staged_rows(vr, st.desc + 1) : vr;
-  amk_attn_partial_rows(c, K, V, qs, o, mh, lh, mkey, wpart, cache, cap, j0, j1, qh, scale, qb.dtype);
+  amk_trace_mark(c, 0);  // q staged, pos read
+  amk_attn_partial_rows(c, amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap,
+                        j0, j1, qh, scale, qb.dtype);
   amk_syncthreads();
 #if !AMK_DIAG_PV_MARK
   amk_trace_mark(c, 2);  // P.V done

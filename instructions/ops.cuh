@@ -34,11 +34,7 @@ AMK_DEVICE void amk_dispatch(const AmkCtx& c, Wait& wait) {
       return;
     }
   }
-  bool own_hints_done = false;  // AMK_ATTN_STAGE: a partial's rows copied to shared memory instead
-  if constexpr (AMK_ATTN_STAGE && AMK_WITH_OP(AMK_OP_ATTN_PARTIAL)) {
-    if (c.t->op == AMK_OP_ATTN_PARTIAL) own_hints_done = amk_attn_stage_before_wait(c);
-  }
-  if (!wait(own_hints_done)) return;
+  if (!wait()) return;
   const auto waited = []() { return true; };
   switch (c.t->op) {
     AMK_OP_CASE(AMK_OP_EMBED, amk_op_embed)

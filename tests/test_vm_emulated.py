@@ -159,26 +159,6 @@ def test_attention_half_kv_pv_rounds(emu, head_dim, q_heads, dtype, splits, pos)
     assert torch.equal(got, again), what + ": a second run differs"
 
 
-@pytest.mark.parametrize("case", ["f32_steps", "bf16_history", "f16_pv_rounds"])
-def test_attention_staged_rows(emu, monkeypatch, case):
-    """AMK_ATTN_STAGE=1: each partial copies its split's K and V rows into shared memory before
-    its wait, and row pos (this step's) after it. The emulator's cp.async reads its source when
-    issued and lands at the wait of its group (NaN until then), so a copy of row pos before the
-    wait, or a read of the rows before their wait, fails these (both mutations checked)."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_STAGE=1")
-    prog, _ = attention_program(heads=8, kv_heads=2, head_dim=32, splits=3, block=2, capacity=16, seed=3)
-    plain = PackedProgram(prog).smem_bytes
-    monkeypatch.setenv("AMK_VM_DEFINES", "")
-    assert plain > PackedProgram(prog).smem_bytes, "the loader reserved no room for the staged rows"
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_STAGE=1")
-    if case == "f32_steps":  # F32 rows, over steps: every split holds row pos at some step
-        test_attention_ops(emu, True, 3, 2)
-    elif case == "bf16_history":
-        test_attention_half_precision_kv(emu, monkeypatch, 64, 3, 3)
-    else:
-        test_attention_half_kv_pv_rounds(emu, *PV_CASES[2])
-
-
 def test_silu_mul_and_add(emu):
     run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
 

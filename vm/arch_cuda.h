@@ -73,19 +73,6 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
 // Hint the L2 to fetch the line holding p (immutable data only).
 AMK_DEVICE void amk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// 16 bytes global -> shared without registers (cp.async, sm_80+; both 16-byte aligned), in
-// groups: amk_copy_async_commit closes this thread's open group, amk_copy_async_wait<N> returns
-// once at most N of its committed groups are in flight. A barrier then publishes the bytes.
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-AMK_DEVICE void amk_copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-AMK_DEVICE void amk_copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // ---------------------------------------------------------------- warps
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }
 AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }

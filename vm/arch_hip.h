@@ -52,14 +52,6 @@ AMK_DEVICE unsigned long long amk_timer_ns() { return __builtin_amdgcn_s_memreal
 // gfx9 has no L2 prefetch instruction: weights are fetched on first touch.
 AMK_DEVICE void amk_prefetch_l2(const void*) {}
 
-// 16 bytes global -> shared: a plain copy here (cp.async on CUDA), so a group is done at once.
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) {
-  *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
-}
-AMK_DEVICE void amk_copy_async_commit() {}
-template <int N>
-AMK_DEVICE void amk_copy_async_wait() {}
-
 // ---------------------------------------------------------------- wavefronts
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, AMK_WARP_SIZE); }
 AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor(v, mask, AMK_WARP_SIZE); }

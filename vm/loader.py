@@ -36,7 +36,6 @@ from typing import Optional
 import numpy as np
 import torch
 from amk.schedule.ir import (
-    DTYPE_BITS,
     IMMUTABLE_KINDS,
     MAX_INPUTS,
     MAX_OUTPUTS,
@@ -221,34 +220,14 @@ def _x_words(k: int, shift: int) -> int:
     return k + ((k >> shift) * 4 if shift else 0)
 
 
-# At most this much shared memory for an attention partial's staged K and V rows
-# (AMK_ATTN_STAGE); a split that does not fit reads the cache as before.
-ATTN_STAGE_MAX_BYTES = 160 * 1024
-ATTN_STAGE_DESC_WORDS = 24  # the staged rows' two buffer descriptors (AMK_ATTN_STAGE_DESC_WORDS)
-
-
-def attn_stage_words(p, kv_capacity: int, kv_bytes: int) -> int:
-    """Words an ATTN_PARTIAL's staged K and V rows take at its largest chunk, each row padded by
-    16 bytes (instructions/attention.cuh amk_attn_stage_plan); 0 unless $AMK_VM_DEFINES sets
-    AMK_ATTN_STAGE=1, for rows that cannot be copied in 16-byte pieces, or over
-    ATTN_STAGE_MAX_BYTES."""
-    row = p.head_dim * kv_bytes
-    if kv_capacity <= 0 or row == 0 or row % 16 or not experiment_defines().get("AMK_ATTN_STAGE", 0):
-        return 0
-    chunk = math.ceil(math.ceil(kv_capacity / p.splits) / p.block) * p.block
-    words = ATTN_STAGE_DESC_WORDS + 2 * chunk * (row // 4 + 4)
-    return words if 4 * words <= ATTN_STAGE_MAX_BYTES else 0
-
-
-def smem_words(p, threads: int, kv_capacity: int, wdtype: DType, kv_bytes: int = 0) -> int:
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
     (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
-    a caller that forgot it would size a quantized GEMV's padded x too small; kv_bytes: an
-    attention partial's KV element size, which sizes its staged rows; 0: none staged)."""
-    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype), kv_bytes)
+    a caller that forgot it would size a quantized GEMV's padded x too small)."""
+    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype))
 
 
-def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, kv_bytes: int = 0) -> int:
+def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
     op, nwarps = p.op, threads // WARP
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
@@ -273,9 +252,7 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, kv_bytes: i
         return 2 * WARP
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
-        base = 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
-        stage = attn_stage_words(p, kv_capacity, kv_bytes)
-        return r4(base) + stage if stage else base
+        return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
     if op == Op.ATTN_COMBINE:
         return 2 * p.splits * p.q_heads + p.q_heads
     return 0
@@ -341,11 +318,7 @@ class PackedProgram:
             if wdtype not in x_pad_shift:
                 x_pad_shift[wdtype] = gemv_x_pad_shift(wdtype)
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype])
-            kv_bytes = 0  # an attention partial's KV element size (its staged rows, AMK_ATTN_STAGE)
-            if p.op == Op.ATTN_PARTIAL:
-                k_buf = program.buffers[self.buffer_index[t.inputs[iroles.index("k")].buf]]
-                kv_bytes = DTYPE_BITS[k_buf.dtype] // 8
-            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype], kv_bytes))
+            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype]))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths

@@ -196,14 +196,13 @@ amk_megakernel(const AmkTask* __restrict__ tasks, const int* __restrict__ queue_
     // (weights) of this task or of the one prefetch_depth-1 ahead (the first ones at queue
     // start), and stop when the wait is over: a prefetch that ran to completion before a short
     // wait delayed the op by the time it took to issue (6 us per 508 KB gate/up slab).
-    // own_hints_done: the op fetched its own inputs already (AMK_ATTN_STAGE), hint only the ones ahead
-    const auto wait = [&](bool own_hints_done = false) -> bool {
+    const auto wait = [&]() -> bool {
       if (threadIdx.x == 0) {
         s_go = amk_wait_all(c, counters, epoch, spin_timeout_ns, host_abort);
         *(volatile int*)&s_waiting = 0;
       } else if (prefetch_depth > 0 && (int)threadIdx.x >= AMK_WARP_SIZE) {
         const int first = qi == q0 ? qi : qi + prefetch_depth - 1, last = min(qi + prefetch_depth, q1);
-        for (int a = first + (own_hints_done && first == qi); a < last; ++a)
+        for (int a = first; a < last; ++a)
           amk_prefetch_task(tasks + queue_tasks[a], bufs, threadIdx.x - AMK_WARP_SIZE, blockDim.x - AMK_WARP_SIZE,
                             &s_waiting);
       }

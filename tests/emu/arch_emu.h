@@ -70,33 +70,6 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 AMK_DEVICE void amk_prefetch_l2(const void*) {}
-// cp.async at its worst for the caller: the source is read when the copy is issued (the
-// earliest the GPU may read it: a copy issued before the data's producer signalled reads
-// stale bytes), and the destination holds NaN bytes until a wait covers its group (a read
-// before that wait, or without one, shows in the results).
-struct AmkEmuCopy {
-  void* dst;
-  unsigned char bytes[16];
-};
-inline thread_local std::vector<AmkEmuCopy> amk_emu_copies;  // this thread's, in issue order
-inline thread_local std::vector<size_t> amk_emu_groups;      // end index of each committed group
-AMK_DEVICE void amk_copy16_async(void* smem, const void* gmem) {
-  if (((uintptr_t)smem) % 16 || ((uintptr_t)gmem) % 16) __builtin_trap();
-  AmkEmuCopy cp{smem, {}};
-  memcpy(cp.bytes, gmem, 16);
-  memset(smem, 0xff, 16);
-  amk_emu_copies.push_back(cp);
-}
-AMK_DEVICE void amk_copy_async_commit() { amk_emu_groups.push_back(amk_emu_copies.size()); }
-template <int N>
-AMK_DEVICE void amk_copy_async_wait() {
-  if (amk_emu_groups.size() <= (size_t)N) return;
-  const size_t done = amk_emu_groups[amk_emu_groups.size() - 1 - N];
-  for (size_t i = 0; i < done; ++i) memcpy(amk_emu_copies[i].dst, amk_emu_copies[i].bytes, 16);
-  amk_emu_copies.erase(amk_emu_copies.begin(), amk_emu_copies.begin() + done);
-  amk_emu_groups.erase(amk_emu_groups.begin(), amk_emu_groups.end() - N);
-  for (size_t& g : amk_emu_groups) g -= done;
-}
 AMK_DEVICE int atomicCAS(int* p, int cmp, int val) {
   __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;
