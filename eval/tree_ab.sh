@@ -11,6 +11,7 @@
 #
 # Writes $OUT/benches.tgz (b_{new,old}_MODEL_ROUND.json: each has its own gate, commit and its
 # paired ratio to the CUDA-graph baseline) and $OUT/bench.err (progress); prints the medians.
+# Exits 1 when a bench gave no latency (its gate failed, or it did not run).
 set -uo pipefail
 [ $# -ge 4 ] || { echo "usage: bash eval/tree_ab.sh OLD_DIR OLD_SHA NEW_SHA MODEL [MODEL ...]" >&2; exit 2; }
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,13 +35,17 @@ for r in 1 2; do
 done
 cd "$OUT" && tar czf benches.tgz b_*.json && rm -f b_*.json
 python3 - <<'PY'
-import json, tarfile
+import json, sys, tarfile
+failed = 0
 with tarfile.open("benches.tgz") as t:
     for m in sorted(t.getmembers(), key=lambda m: m.name):
         try:
             d = json.load(t.extractfile(m))
             mk = d["variants"]["megakernel"]["median_us"]
             print(f"{m.name}: {d['status']} megakernel {mk:.1f} us, speedup vs cuda_graph {d['speedup']['cuda_graph']['median']:.4f}")
-        except Exception as e:  # a bench that failed or printed no JSON
+            failed += d["status"] != "ok"
+        except Exception as e:  # a bench that failed its gate or printed no JSON (see bench.err)
             print(f"{m.name}: no result ({type(e).__name__})")
+            failed += 1
+sys.exit(1 if failed else 0)
 PY

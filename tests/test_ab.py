@@ -196,3 +196,35 @@ def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     assert "== group 1 (ab_1_smollm2-135m)" in (tmp_path / "out" / "ab_call.log").read_text()
     table = run.stdout[run.stdout.index("== ab_1_smollm2-135m"):]
     assert "FAIL" in table and "kv_splits_12.json" in table
+
+
+def test_tree_ab_script_without_gpu(tmp_path):
+    """eval/tree_ab.sh on a machine without a GPU: every bench of both trees and rounds runs in
+    turn and gives no latency, which the summary says and the exit status reports; $OUT holds
+    the benches' tarball and the progress log, nothing else (a device call returns 8 files)."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the benches would run for real")
+    repo = Path(__file__).resolve().parents[1]
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(["bash", str(repo / "eval/tree_ab.sh"), str(repo), "old", "new", "smollm2-135m"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["bench.err", "benches.tgz"]
+    with tarfile.open(out / "benches.tgz") as t:
+        names = sorted(m.name for m in t.getmembers())
+    assert names == [f"b_{tree}_smollm2-135m_{r}.json" for tree in ("new", "old") for r in (1, 2)]
+    assert run.stdout.count("no result") == 4
+    log = (out / "bench.err").read_text()
+    assert "new smollm2-135m round 1: rc 1" in log and "old smollm2-135m round 2: rc 1" in log
