@@ -35,6 +35,7 @@ import re
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -229,6 +230,9 @@ def hops(raw: dict[str, np.ndarray], program) -> dict:
     - `met_us`: median and p90 of wait met minus that last body done, over all consumers;
     - `late`: the share of consumers that began waiting only after it (their own previous task
       was still running or releasing: the poll back-off played no part in their hop);
+    - `met_early_us` / `met_late_us`: the median of `met_us` over the consumers that were
+      polling already (their hop is the signal's way to a poller, back-off included) and over
+      the late ones (their turnover and first poll); None where there are none;
     - `last_met_us` / `last_late`: the same for the consumer that finished last at each counter
       (the one that carries the stage's critical path), mean and share;
     and `turnover_us`: median, p10 and p90 of a task's wait start minus its queue predecessor's
@@ -261,9 +265,15 @@ def hops(raw: dict[str, np.ndarray], program) -> dict:
         j = max(members, key=lambda i: body[i])
         last_met[(names[c], kind)].append(tr[j, 1] - last_done[c])
         last_late[(names[c], kind)].append(bool(tr[j, 0] > last_done[c]))
+    def median_where(v: list[float], flags: list[bool], want: bool) -> Optional[float]:
+        picked = [x for x, f in zip(v, flags) if f == want]
+        return float(np.median(picked)) if picked else None
+
     edges = {k: {"n": len(v), "met_us": (float(np.median(v)), float(np.percentile(v, 90))),
                  "late": float(np.mean(late[k])), "last_met_us": float(np.mean(last_met[k])),
-                 "last_late": float(np.mean(last_late[k]))} for k, v in met.items()}
+                 "last_late": float(np.mean(last_late[k])),
+                 "met_early_us": median_where(v, late[k], False), "met_late_us": median_where(v, late[k], True)}
+             for k, v in met.items()}
     turnover = []
     for order in queue_order(program):
         for prev, i in zip(order, order[1:]):
@@ -421,10 +431,13 @@ def main() -> None:
             print("turnover (queue predecessor released -> wait start), us: median %.2f, p10 %.2f, p90 %.2f"
                   % h["turnover_us"])
         print("wait met after the counter's last producer, us (median | p90 | share of late starters); "
+              "the median of the consumers polling already | of the late ones; "
               "the consumer that finished last (mean | late share):")
+        us = lambda x: "    -" if x is None else f"{x:5.2f}"  # noqa: E731
         for (counter, kind), e in sorted(h["edges"].items()):
             print(f"  {counter[:28]:28s} -> {kind[:40]:40s} n={e['n']:6d}  {e['met_us'][0]:5.2f} | "
-                  f"{e['met_us'][1]:5.2f} | {e['late']:4.2f}   last {e['last_met_us']:5.2f} | {e['last_late']:4.2f}")
+                  f"{e['met_us'][1]:5.2f} | {e['late']:4.2f}   early {us(e['met_early_us'])} | late "
+                  f"{us(e['met_late_us'])}   last {e['last_met_us']:5.2f} | {e['last_late']:4.2f}")
         return
     if a.contention:
         raw = load_raw(a.contention)

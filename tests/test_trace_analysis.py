@@ -166,10 +166,14 @@ def test_hops_by_stage_edge():
     norm = got["edges"][("embed", "1:norm[#]")]
     assert norm["n"] == 2 and norm["met_us"][0] == pytest.approx(0.4) and norm["late"] == 0.5
     assert norm["last_met_us"] == pytest.approx(0.3) and norm["last_late"] == 1.0
+    assert norm["met_early_us"] == pytest.approx(0.5) and norm["met_late_us"] == pytest.approx(0.3)
     head = got["edges"][("norm", "2:head[#]")]
     assert head["met_us"][0] == pytest.approx(0.8) and head["late"] == pytest.approx(1 / 3)
     assert head["last_met_us"] == pytest.approx(1.0) and head["last_late"] == 1.0
-    assert got["edges"][("head", "10:argmax")]["met_us"][0] == pytest.approx(1.5)
+    assert head["met_early_us"] == pytest.approx(0.7) and head["met_late_us"] == pytest.approx(1.0)
+    argmax = got["edges"][("head", "10:argmax")]
+    assert argmax["met_us"][0] == pytest.approx(1.5) and argmax["met_early_us"] is None
+    assert argmax["met_late_us"] == pytest.approx(1.5)
     assert set(got["edges"]) == {("embed", "1:norm[#]"), ("norm", "2:head[#]"), ("head", "10:argmax")}
     # turnover, queue by queue: 2.1 - 1.4, 4.6 - 4.4 | 2.6 - 2.4, 9.0 - 6.4 | 3.6 - 3.4
     assert got["turnover_us"][0] == pytest.approx(0.2)
