@@ -14,6 +14,9 @@ so each stage depends on every block's part of the one before. Variants:
   counter  the megakernel's protocol: stores, barrier, thread 0 red.release.gpu +1 on the
            stage's counter; consumers: thread 0 spins on ld.acquire.gpu until all blocks
            signalled, barrier, then loads x (L2, ld.cg)
+  counter_backoff  the same with the megakernel's poll back-off between polls (vm/megakernel.cu:
+           64 ns a missing signal, at least 64 and at most 1024 ns; 256 at most while the counter
+           moves), so that 132 pollers of one counter do not congest its L2 slice
   ll       8-byte stores of (value, flag = epoch + s + 1); consumers load their elements of x
            with ld.relaxed.gpu until every flag is the stage's (no counter, no fence, no barrier
            before the loads)
@@ -48,7 +51,8 @@ __device__ __forceinline__ unsigned block_sum(unsigned v, unsigned* red) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long long timeout_ns, int* err) {
+hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long long timeout_ns, int* err,
+            int backoff) {
   __shared__ unsigned red[8];
   __shared__ int go;
   const int B = gridDim.x;
@@ -57,16 +61,26 @@ hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long lo
   for (int s = 0; s < stages; ++s) {
     if (s > 0) {
       if (threadIdx.x == 0) {
-        unsigned c;
         go = 1;
-        do {
+        bool moved = false;  // the counter changed at the previous poll
+        unsigned c;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + s - 1) : "memory");
+        while (c < (unsigned)B) {
+          if (backoff) {  // the megakernel's (vm/megakernel.cu amk_wait_all, AMK_SPIN_*)
+            unsigned ns = ((unsigned)B - c) * 64u;
+            ns = ns > 1024u ? 1024u : ns;
+            if (moved && ns > 256u) ns = 256u;
+            __nanosleep(ns < 64u ? 64u : ns);
+          }
+          const unsigned seen = c;
           asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + s - 1) : "memory");
+          moved = c != seen;
           if (c < (unsigned)B && now_ns() - t0 > timeout_ns) {
             atomicExch(err, 1);
             go = 0;
             break;
           }
-        } while (c < (unsigned)B);
+        }
       }
       __syncthreads();
       if (!go) return;
@@ -185,14 +199,18 @@ def main(argv=None) -> int:
     xc = cp.zeros((a.stages + 1) * a.n, dtype=cp.uint32)
     counters = cp.zeros(a.stages, dtype=cp.uint32)
 
-    def launch_counter(i):
-        xc[: a.n] = cp.asarray(x0)
-        xc[a.n:].fill(0xFFFFFFFF)  # poison: a stage read before its signal shows in the result
-        counters.fill(0)
-        cp.cuda.Device().synchronize()
-        return lambda: k_counter((sms,), (256,), (xc, counters, np.int32(a.n), np.int32(a.stages), timeout, err))
+    def launch_counter(backoff):
+        def launch(i):
+            xc[: a.n] = cp.asarray(x0)
+            xc[a.n:].fill(0xFFFFFFFF)  # poison: a stage read before its signal shows in the result
+            counters.fill(0)
+            cp.cuda.Device().synchronize()
+            return lambda: k_counter((sms,), (256,), (xc, counters, np.int32(a.n), np.int32(a.stages), timeout, err,
+                                                      np.int32(backoff)))
+        return launch
 
-    run("counter", launch_counter, lambda: xc[a.stages * a.n:].get())
+    run("counter", launch_counter(0), lambda: xc[a.stages * a.n:].get())
+    run("counter_backoff", launch_counter(1), lambda: xc[a.stages * a.n:].get())
 
     xl = cp.zeros((a.stages + 1) * a.n, dtype=cp.uint64)
 
@@ -211,9 +229,9 @@ def main(argv=None) -> int:
               f"(median | p10 | p90 of {a.launches} launches)")
         for r in results:
             if r["correct"]:
-                print(f"  {r['variant']:8s} {r['median_us']:7.3f} | {r['p10_us']:7.3f} | {r['p90_us']:7.3f}")
+                print(f"  {r['variant']:16s} {r['median_us']:7.3f} | {r['p10_us']:7.3f} | {r['p90_us']:7.3f}")
             else:
-                print(f"  {r['variant']:8s} WRONG or timed out: no time")
+                print(f"  {r['variant']:16s} WRONG or timed out: no time")
     return 0 if all(r["correct"] for r in results) else 1
 
 
