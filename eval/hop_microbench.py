@@ -20,6 +20,8 @@ so each stage depends on every block's part of the one before. Variants:
   ll       8-byte stores of (value, flag = epoch + s + 1); consumers load their elements of x
            with ld.relaxed.gpu until every flag is the stage's (no counter, no fence, no barrier
            before the loads)
+  ll_sleep the same with a 64 ns sleep after a poll that found a stale flag (every thread of
+           every block polls: this much less traffic on the L2 while they wait)
 Prints the median time a stage (over launches, each `--stages` stages long) with p10 / p90, and
 checks each variant's last vector against the host's; a variant that differs or times out is
 marked and gives no time.
@@ -97,7 +99,8 @@ hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long lo
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
-hop_ll(unsigned long long* x, int n, int stages, unsigned epoch, unsigned long long timeout_ns, int* err) {
+hop_ll(unsigned long long* x, int n, int stages, unsigned epoch, unsigned long long timeout_ns, int* err,
+       int sleep_ns) {
   __shared__ unsigned red[8];
   __shared__ int bad;
   const int B = gridDim.x;
@@ -114,6 +117,7 @@ hop_ll(unsigned long long* x, int n, int stages, unsigned epoch, unsigned long l
       for (;;) {
         asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(xs + i) : "memory");
         if ((unsigned)(w >> 32) == want) break;
+        if (sleep_ns) __nanosleep(sleep_ns);
         if (now_ns() - t0 > timeout_ns) {
           atomicExch(err, 1);
           bad = 1;
@@ -214,13 +218,21 @@ def main(argv=None) -> int:
 
     xl = cp.zeros((a.stages + 1) * a.n, dtype=cp.uint64)
 
-    def launch_ll(i):
-        epoch = np.uint32(1 + i * (a.stages + 2))  # every launch's flags differ from the last one's
-        xl[: a.n] = cp.asarray((np.uint64(epoch) << np.uint64(32)) | x0.astype(np.uint64))
-        cp.cuda.Device().synchronize()
-        return lambda: k_ll((sms,), (256,), (xl, np.int32(a.n), np.int32(a.stages), epoch, timeout, err))
+    launches = [0]  # launches so far over both LL variants: each one's flags differ from every earlier one's
 
-    run("ll", launch_ll, lambda: (xl[a.stages * a.n:].get() & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+    def launch_ll(sleep_ns):
+        def launch(i):
+            epoch = np.uint32(1 + launches[0] * (a.stages + 2))
+            launches[0] += 1
+            xl[: a.n] = cp.asarray((np.uint64(epoch) << np.uint64(32)) | x0.astype(np.uint64))
+            cp.cuda.Device().synchronize()
+            return lambda: k_ll((sms,), (256,), (xl, np.int32(a.n), np.int32(a.stages), epoch, timeout, err,
+                                                 np.int32(sleep_ns)))
+        return launch
+
+    ll_last = lambda: (xl[a.stages * a.n:].get() & np.uint64(0xFFFFFFFF)).astype(np.uint32)  # noqa: E731
+    run("ll", launch_ll(0), ll_last)
+    run("ll_sleep", launch_ll(64), ll_last)
 
     if a.json:
         print(json.dumps(results, indent=1))
