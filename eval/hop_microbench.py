@@ -41,6 +41,9 @@ __device__ __forceinline__ unsigned long long now_ns() {
   return t;
 }
 
+// Where block b's slice of the n values starts (the blocks' slices cover [0, n) in order).
+__device__ __forceinline__ int slice_start(int n, int b) { return (int)((long long)n * b / gridDim.x); }
+
 // Sum of v over the block (256 threads); every thread gets it. red: 8 words of shared memory.
 __device__ __forceinline__ unsigned block_sum(unsigned v, unsigned* red) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -57,8 +60,7 @@ hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long lo
             int backoff) {
   __shared__ unsigned red[8];
   __shared__ int go;
-  const int B = gridDim.x;
-  const int lo = (int)((long long)n * blockIdx.x / B), hi = (int)((long long)n * (blockIdx.x + 1) / B);
+  const int B = gridDim.x, lo = slice_start(n, blockIdx.x), hi = slice_start(n, blockIdx.x + 1);
   const unsigned long long t0 = now_ns();
   for (int s = 0; s < stages; ++s) {
     if (s > 0) {
@@ -103,8 +105,7 @@ hop_ll(unsigned long long* x, int n, int stages, unsigned epoch, unsigned long l
        int sleep_ns) {
   __shared__ unsigned red[8];
   __shared__ int bad;
-  const int B = gridDim.x;
-  const int lo = (int)((long long)n * blockIdx.x / B), hi = (int)((long long)n * (blockIdx.x + 1) / B);
+  const int B = gridDim.x, lo = slice_start(n, blockIdx.x), hi = slice_start(n, blockIdx.x + 1);
   const unsigned long long t0 = now_ns();
   if (threadIdx.x == 0) bad = 0;
   __syncthreads();
@@ -149,13 +150,6 @@ def expected_last(x0, stages: int):
     return x.astype(np.uint32)
 
 
-def summarize(us_per_stage: list[float]) -> dict:
-    import numpy as np
-
-    return {"median_us": float(np.median(us_per_stage)), "p10_us": float(np.percentile(us_per_stage, 10)),
-            "p90_us": float(np.percentile(us_per_stage, 90))}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m amk.eval.hop_microbench", description=(__doc__ or "").strip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,6 +163,8 @@ def main(argv=None) -> int:
 
     import cupy as cp
     import numpy as np
+
+    from amk.eval.bench import summarize
 
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -197,7 +193,11 @@ def main(argv=None) -> int:
             if i >= 2:
                 times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / a.stages)
         row = {"variant": name, "n": a.n, "stages": a.stages, "blocks": sms, "correct": ok}
-        row.update(summarize(times) if ok else {"median_us": None})
+        if ok:
+            stats = summarize(times)  # (eval/bench.py's: median, p10, p90)
+            row.update({f"{k}_us": stats[k] for k in ("median", "p10", "p90")})
+        else:
+            row["median_us"] = None
         results.append(row)
 
     xc = cp.zeros((a.stages + 1) * a.n, dtype=cp.uint32)

@@ -156,6 +156,18 @@ def test_every_bench_is_saved_as_it_finishes():
     assert doc["summary"]["b"]["ratios_to_ref"] == pytest.approx([0.98, 97.0 / 101.0])
 
 
+def _python3_shim(tmp_path, before: str = ""):
+    """A folder holding `python3` for the eval/ shell scripts: this interpreter (a wrapper, not a
+    link: a venv is found from the path run), after the shell lines `before`."""
+    import sys
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\n{before}exec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    return shim
+
+
 def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     """eval/ab_call.sh on a machine without a GPU: the first group's benches fail (no latency),
     its JSON is written with a repository-relative config made absolute, its table is printed
@@ -163,21 +175,15 @@ def test_ab_call_script_runs_groups_under_one_budget(tmp_path):
     covers is skipped, not run, and $OUT holds the JSON and one log, nothing else."""
     import os
     import subprocess
-    import sys
     from pathlib import Path
 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the benches would run for real")
     repo = Path(__file__).resolve().parents[1]
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    # the script calls python3: this interpreter (a wrapper, not a link: a venv is found from the
-    # path run), which spends 8 s before each A/B group, so that group 1, started with nearly all
-    # of the 1000 s budget, leaves group 2 less than the 994 s it needs, whatever the machine
-    (shim / "python3").write_text(f'#!/bin/sh\ncase "$*" in "-m amk.eval.ab "*) sleep 8;; esac\n'
-                                  f'exec "{sys.executable}" "$@"\n')
-    (shim / "python3").chmod(0o755)
+    # the script's python3 spends 8 s before each A/B group, so that group 1, started with nearly
+    # all of the 1000 s budget, leaves group 2 less than the 994 s it needs, whatever the machine
+    shim = _python3_shim(tmp_path, 'case "$*" in "-m amk.eval.ab "*) sleep 8;; esac\n')
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
            "AMK_AB_BUDGET_S": "1000", "AMK_AB_MIN_LEFT_S": "994", "AMK_GIT_COMMIT": "test"}
     run = subprocess.run(["bash", str(repo / "eval/ab_call.sh"),
@@ -204,7 +210,6 @@ def test_tree_ab_script_without_gpu(tmp_path):
     the benches' tarball and the progress log, nothing else (a device call returns 8 files)."""
     import os
     import subprocess
-    import sys
     import tarfile
     from pathlib import Path
 
@@ -212,10 +217,7 @@ def test_tree_ab_script_without_gpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the benches would run for real")
     repo = Path(__file__).resolve().parents[1]
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (shim / "python3").chmod(0o755)
+    shim = _python3_shim(tmp_path)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
     run = subprocess.run(["bash", str(repo / "eval/tree_ab.sh"), str(repo), "old", "new", "smollm2-135m"],
                          env=env, capture_output=True, text=True, timeout=300)

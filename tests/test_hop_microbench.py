@@ -2,25 +2,15 @@
 and its host reference is the recurrence the kernels compute."""
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
-import pytest
 
 from amk.eval.hop_microbench import SRC, expected_last
-from amk.vm import compile_check
+from microbench_compile import ptxas_report_sm90
 
 
 def test_hop_microbench_kernels_compile_for_sm90(tmp_path):
-    nvcc = compile_check.nvcc_path()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    src = tmp_path / "hop_microbench.cu"
-    src.write_text(SRC)
-    done = subprocess.run([nvcc, "-c", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", str(src), "-o",
-                           str(tmp_path / "hop_microbench.o")], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "hop_counter" in done.stderr and "hop_ll" in done.stderr  # ptxas reported both kernels
+    report = ptxas_report_sm90(SRC, tmp_path, "hop_microbench")
+    assert "hop_counter" in report and "hop_ll" in report  # ptxas reported both kernels
 
 
 def test_expected_last_is_the_kernels_recurrence():
