@@ -17,6 +17,8 @@ so each stage depends on every block's part of the one before. Variants:
   counter_backoff  the same with the megakernel's poll back-off between polls (vm/megakernel.cu:
            64 ns a missing signal, at least 64 and at most 1024 ns; 256 at most while the counter
            moves), so that 132 pollers of one counter do not congest its L2 slice
+  counter_b<MIN>_<PER>_<MAX>_<MOVING>  the back-off with other settings (--backoff, repeatable:
+           the AMK_SPIN_MIN_NS, _NS_PER_SIGNAL, _MAX_NS and _MOVING_NS of the megakernel)
   ll       8-byte stores of (value, flag = epoch + s + 1); consumers load their elements of x
            with ld.relaxed.gpu until every flag is the stage's (no counter, no fence, no barrier
            before the loads)
@@ -26,7 +28,8 @@ Prints the median time a stage (over launches, each `--stages` stages long) with
 checks each variant's last vector against the host's; a variant that differs or times out is
 marked and gives no time.
 
-    python -m amk.eval.hop_microbench [--n 576] [--stages 2000] [--launches 12] [--json]   # a CUDA GPU, CuPy
+    python -m amk.eval.hop_microbench [--n 576] [--stages 2000] [--launches 12] [--backoff 16,16,256,256] [--json]
+    (a CUDA GPU and CuPy)
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ __device__ __forceinline__ unsigned block_sum(unsigned v, unsigned* red) {
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long long timeout_ns, int* err,
-            int backoff) {
+            int backoff, unsigned min_ns, unsigned ns_per_signal, unsigned max_ns, unsigned moving_ns) {
   __shared__ unsigned red[8];
   __shared__ int go;
   const int B = gridDim.x, lo = slice_start(n, blockIdx.x), hi = slice_start(n, blockIdx.x + 1);
@@ -71,10 +74,10 @@ hop_counter(unsigned* x, unsigned* counters, int n, int stages, unsigned long lo
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + s - 1) : "memory");
         while (c < (unsigned)B) {
           if (backoff) {  // the megakernel's (vm/megakernel.cu amk_wait_all, AMK_SPIN_*)
-            unsigned ns = ((unsigned)B - c) * 64u;
-            ns = ns > 1024u ? 1024u : ns;
-            if (moved && ns > 256u) ns = 256u;
-            __nanosleep(ns < 64u ? 64u : ns);
+            unsigned ns = ((unsigned)B - c) * ns_per_signal;
+            ns = ns > max_ns ? max_ns : ns;
+            if (moving_ns > 0 && moved && ns > moving_ns) ns = moving_ns;
+            __nanosleep(ns < min_ns ? min_ns : ns);
           }
           const unsigned seen = c;
           asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(counters + s - 1) : "memory");
@@ -139,6 +142,17 @@ hop_ll(unsigned long long* x, int n, int stages, unsigned epoch, unsigned long l
 """
 
 
+VM_BACKOFF = (64, 64, 1024, 256)  # vm/megakernel.cu's AMK_SPIN_MIN_NS, _NS_PER_SIGNAL, _MAX_NS, _MOVING_NS
+
+
+def parse_backoff(text: str) -> tuple[int, int, int, int]:
+    """"MIN,PER,MAX,MOVING" (ns, non-negative integers) -> a tuple; ValueError names what is wrong."""
+    parts = text.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--backoff {text!r}: want four non-negative integers MIN,PER,MAX,MOVING (ns)")
+    return tuple(int(p) for p in parts)
+
+
 def expected_last(x0, stages: int):
     """x_stages on the host: x_{s+1}[i] = (sum(x_s) + i + s) & 1023, in uint32 as the kernels."""
     import numpy as np
@@ -156,10 +170,16 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=576, help="vector length (uint32 values; SmolLM2's hidden size: 576)")
     ap.add_argument("--stages", type=int, default=2000, help="dependent stages a launch")
     ap.add_argument("--launches", type=int, default=12, help="timed launches a variant (after two warm-up ones)")
+    ap.add_argument("--backoff", action="append", default=[], metavar="MIN,PER,MAX,MOVING",
+                    help="also time the counter protocol with this poll back-off (ns; repeatable)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args(argv)
     if a.n < 1 or a.stages < 1 or a.launches < 1:
         ap.error("--n, --stages and --launches take positive integers")
+    try:
+        backoffs = [parse_backoff(b) for b in a.backoff]
+    except ValueError as e:
+        ap.error(str(e))
 
     import cupy as cp
     import numpy as np
@@ -204,17 +224,24 @@ def main(argv=None) -> int:
     counters = cp.zeros(a.stages, dtype=cp.uint32)
 
     def launch_counter(backoff):
+        """backoff: None (a tight poll) or (min, per signal, max, moving) ns."""
+        args = (np.int32(0),) + (np.uint32(0),) * 4 if backoff is None else \
+            (np.int32(1),) + tuple(np.uint32(v) for v in backoff)
+
         def launch(i):
             xc[: a.n] = cp.asarray(x0)
             xc[a.n:].fill(0xFFFFFFFF)  # poison: a stage read before its signal shows in the result
             counters.fill(0)
             cp.cuda.Device().synchronize()
-            return lambda: k_counter((sms,), (256,), (xc, counters, np.int32(a.n), np.int32(a.stages), timeout, err,
-                                                      np.int32(backoff)))
+            return lambda: k_counter((sms,), (256,), (xc, counters, np.int32(a.n), np.int32(a.stages), timeout, err)
+                                     + args)
         return launch
 
-    run("counter", launch_counter(0), lambda: xc[a.stages * a.n:].get())
-    run("counter_backoff", launch_counter(1), lambda: xc[a.stages * a.n:].get())
+    counter_last = lambda: xc[a.stages * a.n:].get()  # noqa: E731
+    run("counter", launch_counter(None), counter_last)
+    run("counter_backoff", launch_counter(VM_BACKOFF), counter_last)
+    for b in backoffs:
+        run("counter_b" + "_".join(map(str, b)), launch_counter(b), counter_last)
 
     xl = cp.zeros((a.stages + 1) * a.n, dtype=cp.uint64)
 

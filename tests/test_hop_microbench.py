@@ -3,6 +3,7 @@ and its host reference is the recurrence the kernels compute."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from amk.eval.hop_microbench import SRC, expected_last
 from microbench_compile import ptxas_report_sm90
@@ -23,3 +24,25 @@ def test_expected_last_is_the_kernels_recurrence():
     assert expected_last(x0, 3).tolist() == x
     assert expected_last(x0, 0).tolist() == x0.tolist()
     assert expected_last(x0, 3).dtype == np.uint32
+
+
+def test_parse_backoff_takes_four_nanosecond_settings():
+    from amk.eval.hop_microbench import VM_BACKOFF, parse_backoff
+
+    assert parse_backoff("16,16,256,0") == (16, 16, 256, 0)
+    assert len(VM_BACKOFF) == 4
+    for bad in ("16,16,256", "a,1,2,3", "-1,1,2,3", "1,2,3,4,5"):
+        with pytest.raises(ValueError, match="MIN,PER,MAX,MOVING"):
+            parse_backoff(bad)
+
+
+def test_vm_backoff_is_the_megakernels_default():
+    import re
+    from pathlib import Path
+
+    from amk.eval.hop_microbench import VM_BACKOFF
+
+    src = (Path(__file__).resolve().parents[1] / "vm" / "megakernel.cu").read_text()
+    names = ("AMK_SPIN_MIN_NS", "AMK_SPIN_NS_PER_SIGNAL", "AMK_SPIN_MAX_NS", "AMK_SPIN_MOVING_NS")
+    found = tuple(int(re.search(rf"#define {n} (\d+)", src).group(1)) for n in names)
+    assert found == VM_BACKOFF
