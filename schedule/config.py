@@ -22,6 +22,9 @@ SmAssignment = Literal["round_robin", "lpt", "explicit"]
 
 # 'auto' prefetch_depth turns the wait-time hints off when no layer GEMV task streams more than this.
 SMALL_TASK_KB = 64
+# 'auto' poll_cap_ns: the short cap where no layer GEMV task streams more than this, else the VM's.
+SHORT_POLL_TASK_KB = 1024
+SHORT_POLL_CAP_NS, VM_POLL_CAP_NS = 128, 1024  # (vm/megakernel.cu AMK_SPIN_MAX_NS is the VM's)
 
 # Fields that take 'auto' or an int in 1..max.
 _AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS,
@@ -141,6 +144,16 @@ class ScheduleConfig(BaseModel):
         "large tasks and slow the latency-bound phases (eval/PERF_NOTES.md items 75, 91, 95).",
     )
 
+    poll_cap_ns: Union[Auto, int] = Field(
+        "auto",
+        description="VM knob (program.meta['vm'], the build define AMK_SPIN_MAX_NS): the longest a "
+        "waiting block sleeps between two polls of a counter, in ns (64..4096; it sleeps 64 ns a "
+        "missing signal, at least 64). 'auto' = "
+        f"{SHORT_POLL_CAP_NS} when no layer GEMV task streams more than {SHORT_POLL_TASK_KB} KiB of "
+        f"weights, else {VM_POLL_CAP_NS}: on an H200, 128 measured SmolLM2 shape -0.42 %, Llama-3.2-1B "
+        "-0.65 % and Llama-3.1-8B (1.7 MiB tasks) +0.13 % against 1024 (eval/PERF_NOTES.md items "
+        "165 and 167).",
+    )
     gemv_unroll: Union[Auto, int] = Field(
         "auto",
         description="VM knob (program.meta['vm'], a build define): 16-byte weight loads each lane "
@@ -271,6 +284,13 @@ class ScheduleConfig(BaseModel):
     def _prefetch_depth(cls, v):
         if v != "auto" and not 0 <= v <= 4:
             raise ValueError("prefetch_depth must be 'auto' or in 0..4")
+        return v
+
+    @field_validator("poll_cap_ns")
+    @classmethod
+    def _poll_cap_ns(cls, v):
+        if v != "auto" and not 64 <= v <= 4096:
+            raise ValueError("poll_cap_ns must be 'auto' or in 64..4096 (ns)")
         return v
 
     @field_validator("rope_rows")

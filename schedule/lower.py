@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from amk.schedule import placement, rope_rows
-from amk.schedule.config import SMALL_TASK_KB, ScheduleConfig
+from amk.schedule.config import (SHORT_POLL_CAP_NS, SHORT_POLL_TASK_KB, SMALL_TASK_KB, VM_POLL_CAP_NS,
+                                 ScheduleConfig)
 from amk.schedule.hazards import HazardTracker
 from amk.schedule.ir import (
     MAX_HEAD_DIM,
@@ -734,6 +735,14 @@ class _Lowering:
         layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
         return 0 if layer_bytes and max(layer_bytes) <= SMALL_TASK_KB * 1024 else 1
 
+    def poll_cap_ns(self) -> int:
+        """ScheduleConfig.poll_cap_ns resolved ('auto': the short cap for programs of GEMV tasks
+        up to SHORT_POLL_TASK_KB; their stages are short enough that a long sleep shows)."""
+        if self.cfg.poll_cap_ns != "auto":
+            return self.cfg.poll_cap_ns
+        layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
+        return SHORT_POLL_CAP_NS if layer_bytes and max(layer_bytes) <= SHORT_POLL_TASK_KB * 1024 else VM_POLL_CAP_NS
+
     def program(self) -> Program:
         cfg = self.cfg
         cost = placement.task_costs(self.tasks, self.buffers, self.kv_capacity)
@@ -752,7 +761,7 @@ class _Lowering:
                          "argmax_splits": self.argmax_splits, "xcds": self.xcds},
             "vm": {"prefetch_depth": self.prefetch_depth(), "prefetch_kb": cfg.prefetch_kb,
                    "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
-                   "gemv_unroll_quant": cfg.gemv_unroll_quant},
+                   "gemv_unroll_quant": cfg.gemv_unroll_quant, "poll_cap_ns": self.poll_cap_ns()},
         }
         if self.permuted:
             meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim, "permuted": self.permuted}

@@ -31,6 +31,7 @@ def test_defaults_and_schema():
     ("max_queues", 0), ("max_queues", 1025),
     ("threads_per_block", 32), ("threads_per_block", 100), ("threads_per_block", 2048),
     ("prefetch_depth", -1), ("prefetch_depth", 5), ("prefetch_kb", 0), ("prefetch_kb", 8193),
+    ("poll_cap_ns", 63), ("poll_cap_ns", 4097),
     ("fuse_norm", "sometimes"),
     ("quant", "fp8"), ("quant_group", 16), ("quant_group", 256),
     ("quant_unpack", -1), ("quant_unpack", 3),

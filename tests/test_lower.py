@@ -275,7 +275,7 @@ def test_argmax_slices():
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
     assert p.meta["vm"] == {"prefetch_depth": 3, "prefetch_kb": 64, "prefetch_min_kb": 0, "gemv_unroll": "auto",
-                            "gemv_unroll_quant": "auto"}
+                            "gemv_unroll_quant": "auto", "poll_cap_ns": 128}
     assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
     assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
     assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
@@ -303,6 +303,36 @@ def test_prefetch_depth_auto_is_off_for_small_gemv_tasks():
     depth, largest = resolved("llama-3.2-1b")
     assert depth == 1 and largest > SMALL_TASK_KB * 1024
     assert resolved("smollm2-135m", prefetch_depth=2)[0] == 2 and resolved("llama-3.2-1b", prefetch_depth=0)[0] == 0
+
+
+def test_poll_cap_auto_is_short_for_programs_of_short_gemv_tasks():
+    """'auto' poll_cap_ns resolves to the short cap when no layer GEMV task streams more than
+    SHORT_POLL_TASK_KB of weights (SmolLM2, the 1B), else to the VM's (the 8B); a number is kept.
+    The loader turns only a cap other than the VM's into a define."""
+    from amk.eval.shapes import shape_config
+    from amk.schedule.config import SHORT_POLL_CAP_NS, VM_POLL_CAP_NS
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.schedule.importer.hf_config import normalize
+    from amk.vm.loader import knob_defines
+
+    def lowered(shape, **cfg):
+        spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
+        return lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
+
+    small, big = lowered("llama-3.2-1b"), lowered("llama-3.1-8b")
+    assert small.meta["vm"]["poll_cap_ns"] == SHORT_POLL_CAP_NS and big.meta["vm"]["poll_cap_ns"] == VM_POLL_CAP_NS
+    assert knob_defines(small)["AMK_SPIN_MAX_NS"] == SHORT_POLL_CAP_NS and "AMK_SPIN_MAX_NS" not in knob_defines(big)
+    assert lowered("smollm2-135m", poll_cap_ns=512).meta["vm"]["poll_cap_ns"] == 512
+
+
+def test_vm_poll_cap_is_the_megakernels_default():
+    import re
+    from pathlib import Path
+
+    from amk.schedule.config import VM_POLL_CAP_NS
+
+    src = (Path(__file__).resolve().parents[1] / "vm" / "megakernel.cu").read_text()
+    assert int(re.search(r"#define AMK_SPIN_MAX_NS (\d+)", src).group(1)) == VM_POLL_CAP_NS
 
 
 def test_slabs_and_splits_follow_config():
@@ -358,6 +388,7 @@ FIELD_CHANGES = {
     "prefetch_min_kb": ({}, dict(prefetch_min_kb=128)),
     "gemv_unroll": ({}, dict(gemv_unroll=4)),
     "gemv_unroll_quant": ({}, dict(gemv_unroll_quant=4)),
+    "poll_cap_ns": ({}, dict(poll_cap_ns=256)),
     "fuse_norm": ({}, dict(fuse_norm=False)),
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),

@@ -203,8 +203,9 @@ def test_knob_defines_follow_the_program():
     from vm_cases import lowered
 
     prog, _ = lowered("llama-gqa-tied")
-    assert loader.knob_defines(prog) == {"AMK_PREFETCH_KB": 64}  # 'auto' unrolls: the architecture's default
-    prog, _ = lowered("llama-gqa-tied", quant="int8", quant_unpack=2, gemv_unroll=4, prefetch_kb=128)
+    # 'auto' unrolls: the architecture's default; 'auto' poll cap: the short one (small GEMV tasks)
+    assert loader.knob_defines(prog) == {"AMK_PREFETCH_KB": 64, "AMK_SPIN_MAX_NS": 128}
+    prog, _ = lowered("llama-gqa-tied", quant="int8", quant_unpack=2, gemv_unroll=4, prefetch_kb=128, poll_cap_ns=1024)
     assert loader.knob_defines(prog) == {"AMK_GEMV_UNROLL": 4, "AMK_PREFETCH_KB": 128, "AMK_Q_UNPACK": 2,
                                          "AMK_QCOMP_DTYPE": int(DType.F32)}  # every scale F32 (an fp32 program)
     bf16, _ = lowered("llama-gqa-tied", dtype="bfloat16", quant="int4")

@@ -47,6 +47,7 @@ from amk.schedule.ir import (
     Program,
     ValidationResult,
 )
+from amk.schedule.config import VM_POLL_CAP_NS
 from amk.schedule.opspec import gemv_rows_width, output_roles, weight_input_roles
 from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
@@ -399,7 +400,8 @@ def _vm_meta(program: Program) -> dict:
 
 def knob_defines(program: Program) -> dict[str, int]:
     """The build defines a program's VM knobs select: program.meta['vm'] (gemv_unroll,
-    gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default) and the unpack
+    gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default; poll_cap_ns as
+    AMK_SPIN_MAX_NS where it is not the VM's own) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
     the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
@@ -411,6 +413,8 @@ def knob_defines(program: Program) -> dict[str, int]:
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
                                                       ("prefetch_kb", "AMK_PREFETCH_KB"))
            if isinstance(vm_meta.get(knob), int)}
+    if isinstance(vm_meta.get("poll_cap_ns"), int) and vm_meta["poll_cap_ns"] != VM_POLL_CAP_NS:
+        out["AMK_SPIN_MAX_NS"] = vm_meta["poll_cap_ns"]  # (the VM's cap needs no define: builds stay shared)
     unpack = {t.params.unpack for t in program.tasks if t.params.op == Op.GEMV and t.params.unpack != 0}
     if len(unpack) > 1 or not unpack <= UNPACK_STRATEGIES.keys():
         raise VMRefused(f"quantized GEMVs ask for unpack strategies {sorted(unpack)}: one build runs one of "
