@@ -638,7 +638,6 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // row, or of the warp's next row) as soon as its vector is summed, so U loads stay in flight
 // through the sums and the row's reduction, with no second buffer (item 43's halved buffers
 // lost). The sums are the plain loop's, in its order: the results are bit-identical.
-// 1: every float GEMV; 2: only pairs (gate/up), whose rows are two rounds a lane.
 #ifndef AMK_GEMV_ROLL
 #define AMK_GEMV_ROLL 0
 #endif
@@ -732,7 +731,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     }
   }
 #endif
-  if constexpr ((AMK_GEMV_ROLL == 1 || (AMK_GEMV_ROLL == 2 && PAIR)) && DT != AMK_DTYPE_I8 && DT != AMK_DTYPE_U4) {
+  if constexpr (AMK_GEMV_ROLL && DT != AMK_DTYPE_I8 && DT != AMK_DTYPE_U4) {
     if (vec) {
       amk_gemv_rows_roll<DT, PAIR>(w, w2, xs, xp, acc, rows, K);
       return;
