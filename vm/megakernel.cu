@@ -33,6 +33,8 @@
 // a poller sleeps through a burst of last signals (96 q/k/v producers finish within a few us):
 // 1024 ns measured 1B 1.745 -> 1.691 ms, 8B 7.346 -> 7.304 ms against 4096 (eval/PERF_NOTES.md).
 // 64 ns a missing signal (128 before): 1B -7, 8B -24, SmolLM2 shape -10 us, paired (item 63).
+// The loader sets the cap from ScheduleConfig.poll_cap_ns: 'auto' gives programs of short GEMV
+// tasks 128 ns (SmolLM2 -0.4 %, 1B -0.65 % on an H200; the 8B +0.13 %: items 165, 167).
 #ifndef AMK_SPIN_MAX_NS
 #define AMK_SPIN_MAX_NS 1024
 #endif
