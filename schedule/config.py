@@ -26,9 +26,10 @@ SMALL_TASK_KB = 64
 SHORT_POLL_TASK_KB = 1024
 SHORT_POLL_CAP_NS, VM_POLL_CAP_NS = 128, 1024  # (vm/megakernel.cu AMK_SPIN_MAX_NS is the VM's)
 
-# Fields that take 'auto' or an int in 1..max.
-_AUTO_INT_MAX = {"gemv_tasks_per_matrix": 4096, "gemv_unroll": 8, "gemv_unroll_quant": 8, "kv_splits": MAX_KV_SPLITS,
-                 "argmax_splits": 64}
+# Fields that take 'auto' or an int in lo..hi.
+_AUTO_INT_RANGE = {"gemv_tasks_per_matrix": (1, 4096), "gemv_unroll": (1, 8), "gemv_unroll_quant": (1, 8),
+                   "kv_splits": (1, MAX_KV_SPLITS), "argmax_splits": (1, 64), "prefetch_depth": (0, 4),
+                   "poll_cap_ns": (64, 4096)}
 
 
 class ScheduleConfig(BaseModel):
@@ -271,26 +272,12 @@ class ScheduleConfig(BaseModel):
     )
 
     # --------------------------------------------------------------- checks
-    @field_validator(*_AUTO_INT_MAX)
+    @field_validator(*_AUTO_INT_RANGE)
     @classmethod
     def _auto_or_in_range(cls, v, info):
-        hi = _AUTO_INT_MAX[info.field_name]
-        if v != "auto" and not 1 <= v <= hi:
-            raise ValueError(f"{info.field_name} must be 'auto' or in 1..{hi}")
-        return v
-
-    @field_validator("prefetch_depth")
-    @classmethod
-    def _prefetch_depth(cls, v):
-        if v != "auto" and not 0 <= v <= 4:
-            raise ValueError("prefetch_depth must be 'auto' or in 0..4")
-        return v
-
-    @field_validator("poll_cap_ns")
-    @classmethod
-    def _poll_cap_ns(cls, v):
-        if v != "auto" and not 64 <= v <= 4096:
-            raise ValueError("poll_cap_ns must be 'auto' or in 64..4096 (ns)")
+        lo, hi = _AUTO_INT_RANGE[info.field_name]
+        if v != "auto" and not lo <= v <= hi:
+            raise ValueError(f"{info.field_name} must be 'auto' or in {lo}..{hi}")
         return v
 
     @field_validator("rope_rows")

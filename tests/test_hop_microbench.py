@@ -35,14 +35,3 @@ def test_parse_backoff_takes_four_nanosecond_settings():
         with pytest.raises(ValueError, match="MIN,PER,MAX,MOVING"):
             parse_backoff(bad)
 
-
-def test_vm_backoff_is_the_megakernels_default():
-    import re
-    from pathlib import Path
-
-    from amk.eval.hop_microbench import VM_BACKOFF
-
-    src = (Path(__file__).resolve().parents[1] / "vm" / "megakernel.cu").read_text()
-    names = ("AMK_SPIN_MIN_NS", "AMK_SPIN_NS_PER_SIGNAL", "AMK_SPIN_MAX_NS", "AMK_SPIN_MOVING_NS")
-    found = tuple(int(re.search(rf"#define {n} (\d+)", src).group(1)) for n in names)
-    assert found == VM_BACKOFF

@@ -325,16 +325,6 @@ def test_poll_cap_auto_is_short_for_programs_of_short_gemv_tasks():
     assert lowered("smollm2-135m", poll_cap_ns=512).meta["vm"]["poll_cap_ns"] == 512
 
 
-def test_vm_poll_cap_is_the_megakernels_default():
-    import re
-    from pathlib import Path
-
-    from amk.schedule.config import VM_POLL_CAP_NS
-
-    src = (Path(__file__).resolve().parents[1] / "vm" / "megakernel.cu").read_text()
-    assert int(re.search(r"#define AMK_SPIN_MAX_NS (\d+)", src).group(1)) == VM_POLL_CAP_NS
-
-
 def test_slabs_and_splits_follow_config():
     spec = ZOO["gqa"]
     p = lower(spec, cfg_of(gemv_tasks_per_matrix=4, split_k=2, kv_splits=3), H100, kv_capacity=64)

@@ -334,6 +334,13 @@ def test_device_constants_mirror_headers():
     from amk.eval.trace_step import BODY_DONE_COL
 
     assert int(re.search(r"#define AMK_TRACE_BODY_DONE (\d+)", common).group(1)) == BODY_DONE_COL == cols - 1
+    from amk.eval.hop_microbench import VM_BACKOFF
+    from amk.schedule.config import VM_POLL_CAP_NS
+
+    mk = (VM_DIR / "megakernel.cu").read_text()
+    spin = tuple(int(re.search(rf"#define {n} (\d+)", mk).group(1))
+                 for n in ("AMK_SPIN_MIN_NS", "AMK_SPIN_NS_PER_SIGNAL", "AMK_SPIN_MAX_NS", "AMK_SPIN_MOVING_NS"))
+    assert spin == VM_BACKOFF and spin[2] == VM_POLL_CAP_NS  # the microbenchmark's and the loader's copies
 
 
 def test_every_opspec_role_has_a_device_slot():
