@@ -473,3 +473,41 @@ def test_x_pad_spacing_is_the_formats_vector():
         assert 1 << loader.gemv_x_pad_shift(dt) == vec
         assert loader.gemv_x_words(4 * vec, dt) == 4 * vec + 4 * 4
     assert loader.gemv_x_pad_shift(DType.BF16) == 0 and loader.gemv_x_words(64, DType.BF16) == 64
+
+
+def _sass_hi(stall=1, write_barrier=7, read_barrier=7, waits=()):
+    """An instruction's second word with these scheduling controls (compile_check.control_bits)."""
+    mask = sum(1 << b for b in waits)
+    return (stall << 41) | (write_barrier << 46) | (read_barrier << 49) | (mask << 52)
+
+
+def test_control_bits_decode_the_scheduling_word():
+    ctl = compile_check.control_bits(_sass_hi(stall=9, write_barrier=5, read_barrier=1, waits=(0, 5)))
+    assert ctl == {"stall": 9, "yield": 0, "write_barrier": 5, "read_barrier": 1, "waits": (0, 5)}
+    assert compile_check.control_bits(_sass_hi())["write_barrier"] is None
+    # the word nvdisasm printed for the first weight load of the sm_90 bf16 build's rows loop (a2e9699):
+    # it sets barrier 5, releases its address registers on 1, and waits on 5 (the previous row's loads)
+    assert compile_check.control_bits(0x020372000C5E9D00) == {"stall": 9, "yield": 1, "write_barrier": 5,
+                                                             "read_barrier": 1, "waits": (5,)}
+
+
+def test_serial_load_waits_count_waits_behind_loads_just_issued():
+    def ins(addr, text, **ctl):
+        return [f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */",
+                f"                                                   /* 0x{_sass_hi(**ctl):016x} */"]
+
+    plain = ['\t//## File "/x/gemv.cuh", line 10',
+             *ins(0x00, "LDG.E.NA.128.CONSTANT R52, desc[UR34][R14.64]", write_barrier=5),
+             *ins(0x10, "LDG.E.NA.128.CONSTANT R56, desc[UR34][R16.64]", write_barrier=5),
+             '\t//## File "/x/vec.cuh", line 52',
+             *ins(0x20, "SEL R96, R52, R54, !P6", waits=(5,)),
+             *ins(0x30, "SEL R96, R56, R58, !P6", waits=(5,)),  # nothing issued since: no latency
+             *ins(0x40, "LDG.E R5, desc[UR34][R6.64]", write_barrier=4),  # not a 16-byte load
+             *ins(0x50, "FADD R1, R5, R2", waits=(4,))]
+    waits = compile_check.serial_load_waits("\n".join(plain))
+    assert waits == [{"addr": 0x20, "file": "vec.cuh", "line": 52, "barrier": 5, "loads": 2}]
+    rolled = plain[:1] + ins(0x00, "LDG.E.NA.128.CONSTANT R52, desc[UR34][R14.64]", write_barrier=5) + \
+        ins(0x10, "SEL R96, R52, R54, !P6", waits=(5,)) + \
+        ins(0x20, "LDG.E.NA.128.CONSTANT R52, desc[UR34][R18.64]", write_barrier=5) + \
+        ins(0x30, "SEL R96, R56, R58, !P6", waits=(5,))  # waits for the load it just issued
+    assert [w["loads"] for w in compile_check.serial_load_waits("\n".join(rolled))] == [1, 1]

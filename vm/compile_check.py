@@ -6,6 +6,7 @@
     python -m amk.vm.compile_check 90 --build bf16 --code-size --by-source 20 [--sources DIR]
                                               # code bytes, and which functions make them up
     python -m amk.vm.compile_check 90 --build int8 --loops 150   # the hot loops: instructions per byte
+    python -m amk.vm.compile_check 90 --build bf16 --load-waits  # waits behind loads just issued
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
 block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
@@ -182,16 +183,17 @@ def nvdisasm_path() -> str | None:
     return str(wheel[0]) if wheel else None
 
 
-def _disassemble(arch: int, threads: int, defines: dict | None, root: Path | None) -> str:
-    """nvdisasm --print-line-info of the megakernel for `arch` (nvcc -cubin -lineinfo)."""
+def _disassemble(arch: int, threads: int, defines: dict | None, root: Path | None, encoding: bool = False) -> str:
+    """nvdisasm --print-line-info of the megakernel for `arch` (nvcc -cubin -lineinfo); with
+    `encoding`, each instruction's two 64-bit words too (-hex; control_bits reads the second)."""
     tool = nvdisasm_path()
     if tool is None:
         raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm: "
                                 "`pip install nvidia-cuda-nvdisasm`)")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)
-        return subprocess.run([tool, "--print-line-info", "-c", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run([tool, "--print-line-info", *(["-hex"] if encoding else []), "-c", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
 
 
 def spill_sites(disasm: str) -> dict[tuple[str, int], int]:
@@ -243,6 +245,52 @@ def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
         out.append({"label": lab, "instructions": len(body), "loads16": mix["LDG128"],
                     "mix": dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))})
     return sorted(out, key=lambda d: -d["instructions"])
+
+
+# Each SASS instruction's second 64-bit word (nvdisasm -hex prints it on the next line) carries its
+# scheduling controls from bit 41 (sm_70 and later): stall cycles (4 bits), yield (1), the
+# dependency barrier its result sets (3; 7 = none), the one its source reads release (3), and
+# the mask of barriers it waits on (6). A barrier counts its instructions in flight, and a wait
+# is for all of them.
+_SASS_HEX_WORD = re.compile(r"/\* (0x[0-9a-f]{16}) \*/\s*$")
+_SASS_FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
+
+
+def control_bits(hi: int) -> dict:
+    """The scheduling controls of an instruction's high word (see above)."""
+    wb, rb, mask = (hi >> 46) & 7, (hi >> 49) & 7, (hi >> 52) & 0x3F
+    return {"stall": (hi >> 41) & 0xF, "yield": (hi >> 45) & 1, "write_barrier": None if wb == 7 else wb,
+            "read_barrier": None if rb == 7 else rb, "waits": tuple(b for b in range(6) if mask >> b & 1)}
+
+
+def serial_load_waits(hex_disasm: str) -> list[dict]:
+    """Waits on a dependency barrier that 16-byte global loads (LDG ... .128) set since its last
+    wait, in program order (nvdisasm -hex --print-line-info): each is a memory latency a warp
+    sits out. ptxas puts a lane's 16-byte weight loads on one barrier, so a loop that issues a
+    load and then waits on that barrier waits for the load it just issued (eval/PERF_NOTES.md
+    item 168). One record a wait: address, source file and line, barrier, loads pending on it."""
+    lines = hex_disasm.splitlines()
+    pending = [0] * 6
+    where = ("?", 0)
+    out = []
+    for i, line in enumerate(lines):
+        fl = _SASS_FILE_LINE.search(line)
+        if fl:
+            where = (Path(fl.group(1)).name, int(fl.group(2)))
+            continue
+        m = _SASS_OP.match(line)
+        nxt = _SASS_HEX_WORD.search(lines[i + 1]) if m and i + 1 < len(lines) else None
+        if not nxt:
+            continue
+        ctl = control_bits(int(nxt.group(1), 16))
+        for b in ctl["waits"]:
+            if pending[b]:
+                addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
+                out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b]})
+                pending[b] = 0
+        if "LDG" in line and ".128" in line and ctl["write_barrier"] is not None:
+            pending[ctl["write_barrier"]] += 1
+    return out
 
 
 def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
@@ -300,6 +348,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--loops", type=int, default=0, metavar="N",
                     help="also print every loop of at least N instructions, its 16-byte global loads and its "
                          "most frequent opcodes (needs nvdisasm): instructions issued per byte streamed")
+    ap.add_argument("--load-waits", action="store_true",
+                    help="also print the source lines whose instructions wait on 16-byte loads issued since "
+                         "that barrier's last wait (needs nvdisasm): a memory latency each, in program order; "
+                         "a pipelined loop that shows one a vector serialises its loads")
     ap.add_argument("--sources", default=None, metavar="DIR",
                     help="check and measure the tree at DIR (its vm/ and instructions/) instead of this one, "
                          "e.g. an older commit's `git archive`")
@@ -333,6 +385,14 @@ def main(argv: list[str]) -> int:
             per_byte = f"{lp['instructions'] / (16 * lp['loads16']):.2f} a byte" if lp["loads16"] else "no 16-byte loads"
             mix = ", ".join(f"{o} {n}" for o, n in list(lp["mix"].items())[:8])
             print(f"  {lp['label']}: {lp['instructions']} instructions, {lp['loads16']} 16-byte loads ({per_byte}); {mix}")
+    for arch in archs if a.load_waits else ():
+        waits = serial_load_waits(_disassemble(arch, DEFAULT_THREADS, defines, a.sources, encoding=True))
+        by_line = Counter((w["file"], w["line"]) for w in waits)
+        print(f"sm_{arch}{tag}: {len(waits)} waits on 16-byte loads issued since the barrier's last wait"
+              + (" (waits at the source line, in program order):" if waits else ""))
+        for (f, line), n in sorted(by_line.items()):
+            loads = [w["loads"] for w in waits if (w["file"], w["line"]) == (f, line)]
+            print(f"  {n:4}  {f}:{line}  (loads pending: {min(loads)}-{max(loads)})")
     return status
 
 
