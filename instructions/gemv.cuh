@@ -630,6 +630,93 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 #endif
 
+// AMK_GEMV_LOADS_AHEAD (float weights; 0 = off, not yet measured): a warp issues its next
+// round's loads (of the row, or of its next row) as soon as this round's sums are done, before
+// the row's tail, reduction and store, so those run under the loads' latency instead of ahead
+// of them. A 1B row of K = 2048 is one round, so every row's reduction (5 dependent shuffles)
+// and store leave the HBM idle for that warp in the plain loop. Unlike item 166's rolled
+// refills (each vector's own register refilled at once), no load is issued between two uses of
+// the loaded registers, so ptxas's one dependency barrier for the weight loads still costs one
+// wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums are the
+// plain loop's, in its order: bit-identical results.
+#ifndef AMK_GEMV_LOADS_AHEAD
+#define AMK_GEMV_LOADS_AHEAD 0
+#endif
+
+template <int DT, bool PAIR>
+AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, float* acc,
+                                    int rows, int K) {
+  using F = AmkWFmt<DT>;
+  constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
+  const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+  const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
+  const int R = nvec > L * U ? (nvec + L * U - 1) / (L * U) : 1;  // rounds a row (warp-uniform)
+  const int first = amk_warp() * per_warp, step = amk_nwarps() * per_warp;
+  const int steps = first < rows ? (rows - first + step - 1) / step * R : 0;  // this warp's rounds, all rows
+  const auto rot = AmkXRot<F::VEC / 4>::of(sub);
+  const auto row_of = [&](const AmkGemvW& ww, int r) {
+    return (const char*)ww.wb->ptr + (ww.off + (amk_i64)r * ww.stride) * F::BITS / 8;
+  };
+  amk_u32x4 raw1[U], raw2[U];
+  const auto issue = [&](const char* p1, const char* p2, bool ok, int j) {  // round j's loads of a row
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = sub + (j * U + u) * L;
+      if (ok && v < nvec) {
+        raw1[u] = amk_ld16_weight(p1 + (amk_i64)v * 16);
+        if (PAIR) raw2[u] = amk_ld16_weight(p2 + (amk_i64)v * 16);
+      }
+    }
+  };
+  int r = first + amk_lane() / L, j = 0;  // this lane group's row and round at the current step
+  const char* p1 = row_of(w, r);
+  const char* p2 = PAIR ? row_of(w2, r) : nullptr;
+  issue(p1, p2, steps > 0 && r < rows, 0);
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll 1
+  for (int s = 0; s < steps; ++s) {
+    const bool ok = r < rows, row_end = j + 1 == R;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = sub + (j * U + u) * L;
+      if (ok && v < nvec) {
+        const float* xv = xs + v * xstride;
+        const amk_u32x4 w1 = rot.words(raw1[u]);
+#pragma unroll
+        for (int e = 0; e < F::VEC; ++e) s1 += F::get(w1, e) * rot.x(xv, e);
+        if (PAIR) {
+          const amk_u32x4 w2v = rot.words(raw2[u]);
+#pragma unroll
+          for (int e = 0; e < F::VEC; ++e) s2 += F::get(w2v, e) * rot.x(xv, e);
+        }
+      }
+    }
+    const int rn = row_end ? r + step : r, jn = row_end ? 0 : j + 1;  // the next step's
+    const char* n1 = row_end ? row_of(w, rn) : p1;
+    const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
+    issue(n1, n2, s + 1 < steps && rn < rows, jn);
+    if (row_end) {  // the row's tail, reduction and store, under the next round's loads
+      if (ok) {
+        for (int col = nvec * F::VEC + sub; col < K; col += L) {
+          const float x = xs[xp.at(col)];
+          s1 += amk_w_at(w, r, col) * x;
+          if (PAIR) s2 += amk_w_at(w2, r, col) * x;
+        }
+      }
+      for (int k = L / 2; k > 0; k >>= 1) {
+        s1 += amk_shfl_xor(s1, k);
+        if (PAIR) s2 += amk_shfl_xor(s2, k);
+      }
+      if (sub == 0 && ok) {
+        acc[r * m] = s1;
+        if (PAIR) acc[r * m + 1] = s2;
+      }
+      s1 = s2 = 0.0f;
+    }
+    r = rn, j = jn, p1 = n1, p2 = n2;
+  }
+}
+
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
@@ -644,6 +731,12 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     }
   }
 #endif
+  if constexpr (AMK_GEMV_LOADS_AHEAD && DT != AMK_DTYPE_I8 && DT != AMK_DTYPE_U4) {
+    if (vec) {
+      amk_gemv_rows_ahead<DT, PAIR>(w, w2, xs, xp, acc, rows, K);
+      return;
+    }
+  }
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
 #pragma unroll 1

@@ -83,6 +83,17 @@ def test_gemv_q_mma(emu, monkeypatch, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
+@pytest.mark.parametrize("name", ["long_k", "many_rows", "tail_rows_pair", "split_k_tail"])
+def test_gemv_loads_ahead(emu, monkeypatch, name):
+    """AMK_GEMV_LOADS_AHEAD (gemv.cuh, off by default): the next round's loads issued before the
+    row's reduction. Rounds across rows (many_rows), several a row (long_k in fp32, the pair's
+    4096 columns) and a K slice's tail (split_k_tail): the plain loop's results, in bf16 too."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_LOADS_AHEAD=1")
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+    run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
+
+
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):
