@@ -255,6 +255,24 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
   else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
+// A row's columns past its whole vectors (from col0), then the sum over its L lanes, which every
+// one of them gets. valid false: the lane group has no row (it still takes part in the shuffles).
+template <bool PAIR>
+AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r,
+                                      bool valid, int col0, int K, int L, int sub, float& s1, float& s2) {
+  if (valid) {
+    for (int col = col0 + sub; col < K; col += L) {
+      const float x = xs[xp.at(col)];
+      s1 += amk_w_at(w, r, col) * x;
+      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
+    }
+  }
+  for (int k = L / 2; k > 0; k >>= 1) {
+    s1 += amk_shfl_xor(s1, k);
+    if (PAIR) s2 += amk_shfl_xor(s2, k);
+  }
+}
+
 // Dot of row r of w (and of w2 when PAIR) with xs[0:K), by the L lanes (a power of two) of
 // the warp whose lane % L is `sub`; the result lands in all L of them. `valid` false: this
 // lane group has no row (it still takes part in the shuffles). Several lane groups per warp
@@ -352,17 +370,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
       }
     }
   }
-  if (valid) {
-    for (int col = (K / F::VEC) * F::VEC + sub; col < K; col += L) {  // tail
-      const float x = xs[xp.at(col)];
-      s1 += amk_w_at(w, r, col) * x;
-      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
-    }
-  }
-  for (int m = L / 2; m > 0; m >>= 1) {
-    s1 += amk_shfl_xor(s1, m);
-    if (PAIR) s2 += amk_shfl_xor(s2, m);
-  }
+  amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, valid, (K / F::VEC) * F::VEC, K, L, sub, s1, s2);
   a1 = s1;
   a2 = s2;
 }
@@ -696,17 +704,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
     issue(n1, n2, s + 1 < steps && rn < rows, jn);
     if (row_end) {  // the row's tail, reduction and store, under the next round's loads
-      if (ok) {
-        for (int col = nvec * F::VEC + sub; col < K; col += L) {
-          const float x = xs[xp.at(col)];
-          s1 += amk_w_at(w, r, col) * x;
-          if (PAIR) s2 += amk_w_at(w2, r, col) * x;
-        }
-      }
-      for (int k = L / 2; k > 0; k >>= 1) {
-        s1 += amk_shfl_xor(s1, k);
-        if (PAIR) s2 += amk_shfl_xor(s2, k);
-      }
+      amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
       if (sub == 0 && ok) {
         acc[r * m] = s1;
         if (PAIR) acc[r * m + 1] = s2;
