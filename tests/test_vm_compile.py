@@ -505,9 +505,14 @@ def test_serial_load_waits_count_waits_behind_loads_just_issued():
              *ins(0x40, "LDG.E R5, desc[UR34][R6.64]", write_barrier=4),  # not a 16-byte load
              *ins(0x50, "FADD R1, R5, R2", waits=(4,))]
     waits = compile_check.serial_load_waits("\n".join(plain))
-    assert waits == [{"addr": 0x20, "file": "vec.cuh", "line": 52, "barrier": 5, "loads": 2}]
+    assert waits == [{"addr": 0x20, "file": "vec.cuh", "line": 52, "barrier": 5, "loads": 2, "reads": True}]
     rolled = plain[:1] + ins(0x00, "LDG.E.NA.128.CONSTANT R52, desc[UR34][R14.64]", write_barrier=5) + \
+        ins(0x04, "LDG.E.NA.128.CONSTANT R56, desc[UR34][R16.64]", write_barrier=5) + \
         ins(0x10, "SEL R96, R52, R54, !P6", waits=(5,)) + \
         ins(0x20, "LDG.E.NA.128.CONSTANT R52, desc[UR34][R18.64]", write_barrier=5) + \
-        ins(0x30, "SEL R96, R56, R58, !P6", waits=(5,))  # waits for the load it just issued
-    assert [w["loads"] for w in compile_check.serial_load_waits("\n".join(rolled))] == [1, 1]
+        ins(0x30, "SEL R96, R56, R58, !P6", waits=(5,)) + \
+        ins(0x40, "LDG.E.NA.128.CONSTANT R56, desc[UR34][R20.64]", write_barrier=5) + \
+        ins(0x50, "@P5 BRA `(.L_x_1249)", waits=(5,))
+    # the second use waits for the refill it just issued (R52..55), which it does not read
+    assert [(w["loads"], w["reads"]) for w in compile_check.serial_load_waits("\n".join(rolled))] == \
+        [(2, True), (1, False), (1, None)]

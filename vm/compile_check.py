@@ -268,9 +268,13 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
     wait, in program order (nvdisasm -hex --print-line-info): each is a memory latency a warp
     sits out. ptxas puts a lane's 16-byte weight loads on one barrier, so a loop that issues a
     load and then waits on that barrier waits for the load it just issued (eval/PERF_NOTES.md
-    item 168). One record a wait: address, source file and line, barrier, loads pending on it."""
+    item 168). One record a wait: address, source file and line, barrier, loads pending on it,
+    and `reads`: whether the waiting instruction names a register those loads write (False: it
+    waits only for loads it does not use, the mark of loads issued ahead of a use of older ones;
+    None for a branch, which waits on behalf of the code it jumps to)."""
     lines = hex_disasm.splitlines()
     pending = [0] * 6
+    regs: list[set[int]] = [set() for _ in range(6)]  # the registers the pending loads write
     where = ("?", 0)
     out = []
     for i, line in enumerate(lines):
@@ -283,13 +287,18 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
         if not nxt:
             continue
         ctl = control_bits(int(nxt.group(1), 16))
+        named = {int(r) for r in re.findall(r"\bR(\d+)\b", line)}
         for b in ctl["waits"]:
             if pending[b]:
                 addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
-                out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b]})
-                pending[b] = 0
-        if "LDG" in line and ".128" in line and ctl["write_barrier"] is not None:
+                reads = None if m.group(1) == "BRA" else bool(named & regs[b])  # a branch waits for its targets
+                out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b],
+                            "reads": reads})
+                pending[b], regs[b] = 0, set()
+        dest = re.search(r"\bLDG\S*\.128\S*\s+R(\d+),", line)
+        if dest and ctl["write_barrier"] is not None:
             pending[ctl["write_barrier"]] += 1
+            regs[ctl["write_barrier"]].update(range(int(dest.group(1)), int(dest.group(1)) + 4))
     return out
 
 
@@ -388,11 +397,15 @@ def main(argv: list[str]) -> int:
     for arch in archs if a.load_waits else ():
         waits = serial_load_waits(_disassemble(arch, DEFAULT_THREADS, defines, a.sources, encoding=True))
         by_line = Counter((w["file"], w["line"]) for w in waits)
-        print(f"sm_{arch}{tag}: {len(waits)} waits on 16-byte loads issued since the barrier's last wait"
-              + (" (waits at the source line, in program order):" if waits else ""))
+        unused = sum(w["reads"] is False for w in waits)
+        print(f"sm_{arch}{tag}: {len(waits)} waits on 16-byte loads issued since the barrier's last wait, "
+              f"{unused} of them for loads the waiting instruction does not read"
+              + (" (by source line):" if waits else ""))
         for (f, line), n in sorted(by_line.items()):
-            loads = [w["loads"] for w in waits if (w["file"], w["line"]) == (f, line)]
-            print(f"  {n:4}  {f}:{line}  (loads pending: {min(loads)}-{max(loads)})")
+            here = [w for w in waits if (w["file"], w["line"]) == (f, line)]
+            loads = [w["loads"] for w in here]
+            print(f"  {n:4}  {f}:{line}  (loads pending: {min(loads)}-{max(loads)}; "
+                  f"not read: {sum(w['reads'] is False for w in here)})")
     return status
 
 
