@@ -516,3 +516,16 @@ def test_serial_load_waits_count_waits_behind_loads_just_issued():
     # the second use waits for the refill it just issued (R52..55), which it does not read
     assert [(w["loads"], w["reads"]) for w in compile_check.serial_load_waits("\n".join(rolled))] == \
         [(2, True), (1, False), (1, None)]
+
+
+@pytest.mark.parametrize("build", ["bf16", "int8"])
+def test_weight_rows_wait_only_for_loads_they_read(build):
+    """The sm_90 builds the benches run: no instruction waits on a barrier for 16-byte loads it
+    does not read (eval/PERF_NOTES.md item 168: ptxas puts a lane's weight loads on one barrier,
+    so loads issued ahead of a use of older ones make that use wait a memory latency)."""
+    if compile_check.nvcc_path() is None or compile_check.nvdisasm_path() is None:
+        pytest.skip("nvcc or nvdisasm not found")
+    waits = compile_check.serial_load_waits(
+        compile_check._disassemble(90, compile_check.DEFAULT_THREADS, compile_check.SPECIALIZED[build], None,
+                                   encoding=True))
+    assert waits and all(w["reads"] is not False for w in waits), [w for w in waits if w["reads"] is False]
