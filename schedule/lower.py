@@ -728,20 +728,26 @@ class _Lowering:
             self.gemv_stage(name, [_Mat(role, w, lambda r0, n: _op(out, r0, n))], src, None, combine=combine)
             self.binary(f"{name}.add", Op.ADD, x, out, x)
 
+    def largest_layer_task_bytes(self) -> Optional[int]:
+        """The weight bytes of the largest layer GEMV task (the LM head does not count); None
+        without one. What the 'auto' VM knobs below are chosen by."""
+        layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
+        return max(layer_bytes) if layer_bytes else None
+
     def prefetch_depth(self) -> int:
         """ScheduleConfig.prefetch_depth resolved ('auto': 0 for programs of small GEMV tasks)."""
         if self.cfg.prefetch_depth != "auto":
             return self.cfg.prefetch_depth
-        layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
-        return 0 if layer_bytes and max(layer_bytes) <= SMALL_TASK_KB * 1024 else 1
+        largest = self.largest_layer_task_bytes()
+        return 0 if largest is not None and largest <= SMALL_TASK_KB * 1024 else 1
 
     def poll_cap_ns(self) -> int:
         """ScheduleConfig.poll_cap_ns resolved ('auto': the short cap for programs of GEMV tasks
         up to SHORT_POLL_TASK_KB; their stages are short enough that a long sleep shows)."""
         if self.cfg.poll_cap_ns != "auto":
             return self.cfg.poll_cap_ns
-        layer_bytes = [placement.weight_bytes(t, self.buffers) for t in self.tasks if _is_layer_gemv(t)]
-        return SHORT_POLL_CAP_NS if layer_bytes and max(layer_bytes) <= SHORT_POLL_TASK_KB * 1024 else VM_POLL_CAP_NS
+        largest = self.largest_layer_task_bytes()
+        return SHORT_POLL_CAP_NS if largest is not None and largest <= SHORT_POLL_TASK_KB * 1024 else VM_POLL_CAP_NS
 
     def program(self) -> Program:
         cfg = self.cfg

@@ -151,6 +151,10 @@ def enclosing_functions(source: str) -> list[str]:
     return out
 
 
+# nvdisasm --print-line-info's mark of the source line the next instructions come from
+_SASS_FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
+
+
 def instructions_by_source(disasm: str, sources: dict[str, str]) -> dict[tuple[str, str], int]:
     """Instruction counts per (file, enclosing function) from `nvdisasm --print-line-info`
     output; `sources` maps a file name to its text (files not in it count under their name)."""
@@ -158,7 +162,7 @@ def instructions_by_source(disasm: str, sources: dict[str, str]) -> dict[tuple[s
     counts: dict[tuple[str, str], int] = {}
     where = None
     for line in disasm.splitlines():
-        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        m = _SASS_FILE_LINE.search(line)
         if m:
             name, n = Path(m.group(1)).name, int(m.group(2))
             f = funcs.get(name)
@@ -202,7 +206,7 @@ def spill_sites(disasm: str) -> dict[tuple[str, int], int]:
     counts: dict[tuple[str, int], int] = {}
     where = ("?", 0)
     for line in disasm.splitlines():
-        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        m = _SASS_FILE_LINE.search(line)
         if m:
             where = (Path(m.group(1)).name, int(m.group(2)))
         elif "SpillRefill" in line and re.search(r"\b(STL|LDL)(\.\w+)*\b", line):
@@ -253,7 +257,6 @@ def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
 # the mask of barriers it waits on (6). A barrier counts its instructions in flight, and a wait
 # is for all of them.
 _SASS_HEX_WORD = re.compile(r"/\* (0x[0-9a-f]{16}) \*/\s*$")
-_SASS_FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
 def control_bits(hi: int) -> dict:
