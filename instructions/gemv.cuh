@@ -638,23 +638,27 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 #endif
 
-// AMK_GEMV_LOADS_AHEAD (float weights; 0 = off, not yet measured): a warp issues its next
-// round's loads (of the row, or of its next row) as soon as this round's sums are done, before
-// the row's tail, reduction and store, so those run under the loads' latency instead of ahead
-// of them. A 1B row of K = 2048 is one round, so every row's reduction (5 dependent shuffles)
-// and store leave the HBM idle for that warp in the plain loop. Unlike item 166's rolled
-// refills (each vector's own register refilled at once), no load is issued between two uses of
-// the loaded registers, so ptxas's one dependency barrier for the weight loads still costs one
-// wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums are the
-// plain loop's, in its order: bit-identical results.
+// AMK_GEMV_LOADS_AHEAD (0 = off): a warp issues its next round's loads (of the row, or of its
+// next row; quantized: with their scales and zeros) as soon as this round's sums are done,
+// before the row's tail, reduction and store, so those run under the loads' latency instead of
+// ahead of them. A 1B row of K = 2048 is one round, so every row's reduction (5 dependent
+// shuffles) and store leave the HBM idle for that warp in the plain loop. Unlike item 166's
+// rolled refills (each vector's own register refilled at once), no load is issued between two
+// uses of the loaded registers, so ptxas's one dependency barrier for the weight loads still
+// costs one wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums
+// are the plain loop's, in its order: bit-identical results. Float weights on an H200 (item
+// 170): the 1B -1.36 %, the 8B -1.38 %, the SmolLM2 shape +3.0 %. Asymmetric int8 keeps the
+// plain loop. (A struct shared by both loops for a round's loads and sums spilled at sm_90's
+// 254 registers even in the plain loop, so the two loops keep their own code.)
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
 #endif
 
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, float* acc,
-                                    int rows, int K) {
+AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
+                                    AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
   using F = AmkWFmt<DT>;
+  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
   const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
   const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
@@ -666,20 +670,40 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     return (const char*)ww.wb->ptr + (ww.off + (amk_i64)r * ww.stride) * F::BITS / 8;
   };
   amk_u32x4 raw1[U], raw2[U];
-  const auto issue = [&](const char* p1, const char* p2, bool ok, int j) {  // round j's loads of a row
+  unsigned sc1[U], sc2[U], z1[U], z2[U];  // quantized: the vectors' scales and zeros, raw bits
+  const auto issue = [&](const char* p1, const char* p2, int r, bool ok, int j) {  // round j's loads of row r
+    AmkQRow sr1{}, sr2{}, zr1{}, zr2{};
+    if (Q) {
+      sr1 = amk_qrow(w.sb, w.soff + r * w.sstride), zr1 = amk_qrow(w.zb, w.zoff + r * w.zstride);
+      if (PAIR) sr2 = amk_qrow(w2.sb, w2.soff + r * w2.sstride), zr2 = amk_qrow(w2.zb, w2.zoff + r * w2.zstride);
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = sub + (j * U + u) * L;
       if (ok && v < nvec) {
         raw1[u] = amk_ld16_weight(p1 + (amk_i64)v * 16);
         if (PAIR) raw2[u] = amk_ld16_weight(p2 + (amk_i64)v * 16);
+        if constexpr (Q) {
+          const int g = grp(v);
+          sc1[u] = sr1.raw(g);
+          if (PAIR) sc2[u] = sr2.raw(g);
+          if constexpr (Z) {
+            z1[u] = zr1.raw(g);
+            if (PAIR) z2[u] = zr2.raw(g);
+          }
+        }
       }
     }
   };
+  AmkQRow qd1{}, qd2{}, zd1{}, zd2{};  // the scale and zero dtypes (rows of one matrix share them)
+  if (Q) {
+    qd1 = amk_qrow(w.sb, 0), zd1 = amk_qrow(w.zb, 0);
+    if (PAIR) qd2 = amk_qrow(w2.sb, 0), zd2 = amk_qrow(w2.zb, 0);
+  }
   int r = first + amk_lane() / L, j = 0;  // this lane group's row and round at the current step
   const char* p1 = row_of(w, r);
   const char* p2 = PAIR ? row_of(w2, r) : nullptr;
-  issue(p1, p2, steps > 0 && r < rows, 0);
+  issue(p1, p2, r, steps > 0 && r < rows, 0);
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int s = 0; s < steps; ++s) {
@@ -689,20 +713,25 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
       const int v = sub + (j * U + u) * L;
       if (ok && v < nvec) {
         const float* xv = xs + v * xstride;
-        const amk_u32x4 w1 = rot.words(raw1[u]);
+        const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
+        if constexpr (Q) {
+          const float xsum = Z ? xsums[v] : 0.0f;
+          s1 += amk_qvec<DT>(w1, xv, xsum, qd1.value(sc1[u]), Z ? zd1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, qd2.value(sc2[u]), Z ? zd2.value(z2[u]) : 0.0f, rot);
+        } else {
 #pragma unroll
-        for (int e = 0; e < F::VEC; ++e) s1 += F::get(w1, e) * rot.x(xv, e);
-        if (PAIR) {
-          const amk_u32x4 w2v = rot.words(raw2[u]);
+          for (int e = 0; e < F::VEC; ++e) s1 += F::get(w1, e) * rot.x(xv, e);
+          if (PAIR) {
 #pragma unroll
-          for (int e = 0; e < F::VEC; ++e) s2 += F::get(w2v, e) * rot.x(xv, e);
+            for (int e = 0; e < F::VEC; ++e) s2 += F::get(w2v, e) * rot.x(xv, e);
+          }
         }
       }
     }
     const int rn = row_end ? r + step : r, jn = row_end ? 0 : j + 1;  // the next step's
     const char* n1 = row_end ? row_of(w, rn) : p1;
     const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
-    issue(n1, n2, s + 1 < steps && rn < rows, jn);
+    issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
     if (row_end) {  // the row's tail, reduction and store, under the next round's loads
       amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
       if (sub == 0 && ok) {
@@ -729,9 +758,9 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     }
   }
 #endif
-  if constexpr (AMK_GEMV_LOADS_AHEAD && DT != AMK_DTYPE_I8 && DT != AMK_DTYPE_U4) {
+  if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
     if (vec) {
-      amk_gemv_rows_ahead<DT, PAIR>(w, w2, xs, xp, acc, rows, K);
+      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;
     }
   }
