@@ -122,6 +122,7 @@ class SearchSpace:
             Dim("gemv_unroll", ("auto", 2, 4, 6, 8)),
             Dim("gemv_unroll_quant", ("auto", 2, 4, 8)),
             Dim("poll_cap_ns", ("auto", 64, 128, 256, 512, 1024)),
+            Dim("gemv_loads_ahead", ("auto", False, True), ordered=False),
             Dim("fuse_norm", BOOL, ordered=False),
             Dim("fuse_rope_append", BOOL, ordered=False),
             Dim("rope_rows", ("auto", 16, 32, 64), ordered=False),  # a value the model's head_dim refuses: an error trial

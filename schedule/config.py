@@ -155,6 +155,15 @@ class ScheduleConfig(BaseModel):
         "-0.65 % and Llama-3.1-8B (1.7 MiB tasks) +0.13 % against 1024 (eval/PERF_NOTES.md items "
         "165 and 167).",
     )
+    gemv_loads_ahead: Union[Auto, bool] = Field(
+        "auto",
+        description="VM knob (program.meta['vm'], the build define AMK_GEMV_LOADS_AHEAD): a GEMV warp "
+        "issues its next round's weight loads before the row's reduction and store, so those run "
+        "under the loads' latency. 'auto' = on for float-weight programs whose largest layer GEMV "
+        f"task streams more than {SMALL_TASK_KB} KiB, off otherwise. On an H200 (eval/PERF_NOTES.md "
+        "item 170): Llama-3.2-1B -1.36 % (ctx 8192 -1.53 %), Llama-3.1-8B -1.38 %, but the SmolLM2 "
+        "shape (tasks of at most 64 KiB) +3.0 %; int8 -0.29 %, int4 +1.0 % (it spills on sm_90).",
+    )
     gemv_unroll: Union[Auto, int] = Field(
         "auto",
         description="VM knob (program.meta['vm'], a build define): 16-byte weight loads each lane "

@@ -749,6 +749,15 @@ class _Lowering:
         largest = self.largest_layer_task_bytes()
         return SHORT_POLL_CAP_NS if largest is not None and largest <= SHORT_POLL_TASK_KB * 1024 else VM_POLL_CAP_NS
 
+    def gemv_loads_ahead(self) -> bool:
+        """ScheduleConfig.gemv_loads_ahead resolved ('auto': on for float-weight programs whose
+        largest layer GEMV task streams more than SMALL_TASK_KB)."""
+        if self.cfg.gemv_loads_ahead != "auto":
+            return self.cfg.gemv_loads_ahead
+        quantized = any(b.kind == BufferKind.WEIGHT and b.dtype in (DType.I8, DType.U4) for b in self.buffers)
+        largest = self.largest_layer_task_bytes()
+        return not quantized and largest is not None and largest > SMALL_TASK_KB * 1024
+
     def program(self) -> Program:
         cfg = self.cfg
         cost = placement.task_costs(self.tasks, self.buffers, self.kv_capacity)
@@ -767,7 +776,8 @@ class _Lowering:
                          "argmax_splits": self.argmax_splits, "xcds": self.xcds},
             "vm": {"prefetch_depth": self.prefetch_depth(), "prefetch_kb": cfg.prefetch_kb,
                    "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
-                   "gemv_unroll_quant": cfg.gemv_unroll_quant, "poll_cap_ns": self.poll_cap_ns()},
+                   "gemv_unroll_quant": cfg.gemv_unroll_quant, "poll_cap_ns": self.poll_cap_ns(),
+                   "gemv_loads_ahead": self.gemv_loads_ahead()},
         }
         if self.permuted:
             meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim, "permuted": self.permuted}

@@ -275,7 +275,7 @@ def test_argmax_slices():
 def test_meta():
     p = lower(ZOO["mqa"], cfg_of(prefetch_depth=3, dtype="bfloat16"), H100, kv_capacity=16)
     assert p.meta["vm"] == {"prefetch_depth": 3, "prefetch_kb": 64, "prefetch_min_kb": 0, "gemv_unroll": "auto",
-                            "gemv_unroll_quant": "auto", "poll_cap_ns": 128}
+                            "gemv_unroll_quant": "auto", "poll_cap_ns": 128, "gemv_loads_ahead": False}
     assert p.meta["family"] == "mistral" and p.meta["dtype"] == "BF16"
     assert ScheduleConfig.model_validate(p.meta["config"]) == cfg_of(prefetch_depth=3, dtype="bfloat16")
     assert {t.dtype for t in p.buffers if t.kind in (K.ACTIVATION, K.KV_CACHE)} == {DType.BF16}
@@ -323,6 +323,28 @@ def test_poll_cap_auto_is_short_for_programs_of_short_gemv_tasks():
     assert small.meta["vm"]["poll_cap_ns"] == SHORT_POLL_CAP_NS and big.meta["vm"]["poll_cap_ns"] == VM_POLL_CAP_NS
     assert knob_defines(small)["AMK_SPIN_MAX_NS"] == SHORT_POLL_CAP_NS and "AMK_SPIN_MAX_NS" not in knob_defines(big)
     assert lowered("smollm2-135m", poll_cap_ns=512).meta["vm"]["poll_cap_ns"] == 512
+
+
+def test_gemv_loads_ahead_auto_is_on_for_large_float_weight_tasks():
+    """'auto' gemv_loads_ahead resolves to on for float-weight programs with a layer GEMV task of
+    more than SMALL_TASK_KB (the 1B, the 8B), off for SmolLM2's small tasks and for quantized
+    programs; a bool is kept. The loader turns on into AMK_GEMV_LOADS_AHEAD."""
+    from amk.eval.shapes import shape_config
+    from amk.schedule.importer import spec_from_hf_config
+    from amk.schedule.importer.hf_config import normalize
+    from amk.vm.loader import knob_defines
+
+    def lowered(shape, **cfg):
+        spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
+        return lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
+
+    on = [lowered(s) for s in ("llama-3.2-1b", "llama-3.1-8b")]
+    off = [lowered("smollm2-135m"), lowered("llama-3.2-1b", quant="int8"), lowered("llama-3.2-1b", quant="int4")]
+    assert [p.meta["vm"]["gemv_loads_ahead"] for p in on + off] == [True, True, False, False, False]
+    assert all(knob_defines(p)["AMK_GEMV_LOADS_AHEAD"] == 1 for p in on)
+    assert not any("AMK_GEMV_LOADS_AHEAD" in knob_defines(p) for p in off)
+    assert lowered("smollm2-135m", gemv_loads_ahead=True).meta["vm"]["gemv_loads_ahead"] is True
+    assert lowered("llama-3.2-1b", gemv_loads_ahead=False).meta["vm"]["gemv_loads_ahead"] is False
 
 
 def test_slabs_and_splits_follow_config():
@@ -379,6 +401,7 @@ FIELD_CHANGES = {
     "gemv_unroll": ({}, dict(gemv_unroll=4)),
     "gemv_unroll_quant": ({}, dict(gemv_unroll_quant=4)),
     "poll_cap_ns": ({}, dict(poll_cap_ns=256)),
+    "gemv_loads_ahead": ({}, dict(gemv_loads_ahead=False)),  # (gqa's one-task matrices: auto is on)
     "fuse_norm": ({}, dict(fuse_norm=False)),
     "fuse_rope_append": ({}, dict(fuse_rope_append=False)),
     "fuse_residual": ({}, dict(fuse_residual=False)),

@@ -401,7 +401,7 @@ def _vm_meta(program: Program) -> dict:
 def knob_defines(program: Program) -> dict[str, int]:
     """The build defines a program's VM knobs select: program.meta['vm'] (gemv_unroll,
     gemv_unroll_quant, prefetch_kb; 'auto' leaves the architecture's default; poll_cap_ns as
-    AMK_SPIN_MAX_NS where it is not the VM's own) and the unpack
+    AMK_SPIN_MAX_NS where it is not the VM's own; gemv_loads_ahead as AMK_GEMV_LOADS_AHEAD 1) and the unpack
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
     the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
@@ -415,6 +415,8 @@ def knob_defines(program: Program) -> dict[str, int]:
            if isinstance(vm_meta.get(knob), int)}
     if isinstance(vm_meta.get("poll_cap_ns"), int) and vm_meta["poll_cap_ns"] != VM_POLL_CAP_NS:
         out["AMK_SPIN_MAX_NS"] = vm_meta["poll_cap_ns"]  # (the VM's cap needs no define: builds stay shared)
+    if vm_meta.get("gemv_loads_ahead") is True:
+        out["AMK_GEMV_LOADS_AHEAD"] = 1
     unpack = {t.params.unpack for t in program.tasks if t.params.op == Op.GEMV and t.params.unpack != 0}
     if len(unpack) > 1 or not unpack <= UNPACK_STRATEGIES.keys():
         raise VMRefused(f"quantized GEMVs ask for unpack strategies {sorted(unpack)}: one build runs one of "
