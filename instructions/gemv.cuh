@@ -653,6 +653,14 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
 #endif
+// With AMK_GEMV_LOADS_AHEAD: the loads-ahead loop only for tasks that give each lane group at
+// least this many rows (fewer: the plain loop). A SmolLM2 layer task gives one, and its rows
+// phases grew by 0.15-0.26 us in the loads-ahead loop, while its LM head's (23 rows a lane
+// group) shrank by 14 % (eval/PERF_NOTES.md items 170-171; 1 = every task, not yet measured
+// otherwise).
+#ifndef AMK_GEMV_AHEAD_MIN_ROWS
+#define AMK_GEMV_AHEAD_MIN_ROWS 1
+#endif
 
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
@@ -759,7 +767,8 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   }
 #endif
   if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
-    if (vec) {
+    const int groups = amk_nwarps() * (AMK_WARP_SIZE / amk_gemv_lanes<DT, PAIR>(K));  // lane groups of the block
+    if (vec && (AMK_GEMV_AHEAD_MIN_ROWS <= 1 || rows >= AMK_GEMV_AHEAD_MIN_ROWS * groups)) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;
     }
