@@ -255,6 +255,19 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
   else return sc * AmkWFmt<DT>::dot(raw, xv, rot);
 }
 
+// s += one weight vector's dot with x: amk_qvec for the quantized formats (sc, z: its scale and
+// zero), else element by element, in order (the rows loops' shared step).
+template <int DT, class R>
+AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, float xsum, float sc, float z,
+                                 R rot) {
+  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
+    s += amk_qvec<DT>(w, xv, xsum, sc, z, rot);
+  } else {
+#pragma unroll
+    for (int j = 0; j < AmkWFmt<DT>::VEC; ++j) s += AmkWFmt<DT>::get(w, j) * rot.x(xv, j);
+  }
+}
+
 // A row's columns past its whole vectors (from col0), then the sum over its L lanes, which every
 // one of them gets. valid false: the lane group has no row (it still takes part in the shuffles).
 template <bool PAIR>
@@ -348,23 +361,16 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
         if constexpr (Q && AMK_DIAG_Q_NO_MATH) {  // trace diagnostic only (wrong results): one FFMA a vector
           s1 += __uint_as_float(w1.x ^ w1.y ^ w1.z ^ w1.w) * xv[0] * sr1.value(sc1[u]);
           if (PAIR) s2 += __uint_as_float(w2v.x ^ w2v.y ^ w2v.z ^ w2v.w) * xv[4] * sr2.value(sc2[u]);
-        } else if constexpr (Q) {
+        } else {
           const float xsum = Z ? xsums[v] : 0.0f;
-          s1 += amk_qvec<DT>(w1, xv, xsum, sr1.value(sc1[u]), Z ? zr1.value(z1[u]) : 0.0f, rot);
-          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, sr2.value(sc2[u]), Z ? zr2.value(z2[u]) : 0.0f, rot);
+          amk_gemv_vec_acc<DT>(s1, w1, xv, xsum, Q ? sr1.value(sc1[u]) : 0.0f, Z ? zr1.value(z1[u]) : 0.0f, rot);
+          if (PAIR) amk_gemv_vec_acc<DT>(s2, w2v, xv, xsum, Q ? sr2.value(sc2[u]) : 0.0f, Z ? zr2.value(z2[u]) : 0.0f, rot);
           if constexpr (ZI8) {
             if ((v & 1) == 0) {  // (an empty zero row reads 0 bits: 0.0f in every float dtype)
               const float cx = xsums[v >> 1];
               s1 += zr1.value(z1[u]) * cx;
               if (PAIR) s2 += zr2.value(z2[u]) * cx;
             }
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < F::VEC; ++j) s1 += F::get(w1, j) * rot.x(xv, j);
-          if (PAIR) {
-#pragma unroll
-            for (int j = 0; j < F::VEC; ++j) s2 += F::get(w2v, j) * rot.x(xv, j);
           }
         }
       }
@@ -722,18 +728,9 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
       if (ok && v < nvec) {
         const float* xv = xs + v * xstride;
         const amk_u32x4 w1 = rot.words(raw1[u]), w2v = PAIR ? rot.words(raw2[u]) : w1;
-        if constexpr (Q) {
-          const float xsum = Z ? xsums[v] : 0.0f;
-          s1 += amk_qvec<DT>(w1, xv, xsum, qd1.value(sc1[u]), Z ? zd1.value(z1[u]) : 0.0f, rot);
-          if (PAIR) s2 += amk_qvec<DT>(w2v, xv, xsum, qd2.value(sc2[u]), Z ? zd2.value(z2[u]) : 0.0f, rot);
-        } else {
-#pragma unroll
-          for (int e = 0; e < F::VEC; ++e) s1 += F::get(w1, e) * rot.x(xv, e);
-          if (PAIR) {
-#pragma unroll
-            for (int e = 0; e < F::VEC; ++e) s2 += F::get(w2v, e) * rot.x(xv, e);
-          }
-        }
+        const float xsum = Z ? xsums[v] : 0.0f;
+        amk_gemv_vec_acc<DT>(s1, w1, xv, xsum, Q ? qd1.value(sc1[u]) : 0.0f, Z ? zd1.value(z1[u]) : 0.0f, rot);
+        if (PAIR) amk_gemv_vec_acc<DT>(s2, w2v, xv, xsum, Q ? qd2.value(sc2[u]) : 0.0f, Z ? zd2.value(z2[u]) : 0.0f, rot);
       }
     }
     const int rn = row_end ? r + step : r, jn = row_end ? 0 : j + 1;  // the next step's
