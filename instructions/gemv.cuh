@@ -654,8 +654,9 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // costs one wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums
 // are the plain loop's, in its order: bit-identical results. Float weights on an H200 (item
 // 170): the 1B -1.36 %, the 8B -1.38 %, the SmolLM2 shape +3.0 %. Asymmetric int8 keeps the
-// plain loop. (A struct shared by both loops for a round's loads and sums spilled at sm_90's
-// 254 registers even in the plain loop, so the two loops keep their own code.)
+// plain loop, and the AMK_DIAG_Q_* trace diagnostics apply to the plain loop only. (A struct
+// holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
+// loop, so the loops share only the vector dot, amk_gemv_vec_acc.)
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
 #endif
