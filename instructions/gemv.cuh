@@ -675,11 +675,12 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   using F = AmkWFmt<DT>;
   constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
-  const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+  // L is a power of two: a lane's row and place in it are a shift and a mask, where a division by
+  // a value known only at run time is ~20 instructions ahead of the first weight load
+  const int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L), per_warp = AMK_WARP_SIZE >> lg;
+  const int sub = amk_lane() & (L - 1);
   const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
-  const int R = nvec > L * U ? (nvec + L * U - 1) / (L * U) : 1;  // rounds a row (warp-uniform)
   const int first = amk_warp() * per_warp, step = amk_nwarps() * per_warp;
-  const int steps = first < rows ? (rows - first + step - 1) / step * R : 0;  // this warp's rounds, all rows
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);
   const auto row_of = [&](const AmkGemvW& ww, int r) {
     return (const char*)ww.wb->ptr + (ww.off + (amk_i64)r * ww.stride) * F::BITS / 8;
@@ -715,10 +716,15 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     qd1 = amk_qrow(w.sb, 0), zd1 = amk_qrow(w.zb, 0);
     if (PAIR) qd2 = amk_qrow(w2.sb, 0), zd2 = amk_qrow(w2.zb, 0);
   }
-  int r = first + amk_lane() / L, j = 0;  // this lane group's row and round at the current step
+  int r = first + (amk_lane() >> lg), j = 0;  // this lane group's row and round at the current step
   const char* p1 = row_of(w, r);
   const char* p2 = PAIR ? row_of(w2, r) : nullptr;
-  issue(p1, p2, r, steps > 0 && r < rows, 0);
+  issue(p1, p2, r, r < rows, 0);
+  // the loop's bounds after the first loads are out (r < rows implies steps > 0), so that their
+  // divisions run under the loads' latency (ahead of them, they cost a task of one row a lane
+  // group the time its first round waits for)
+  const int R = nvec > L * U ? (nvec + L * U - 1) / (L * U) : 1;  // rounds a row (warp-uniform)
+  const int steps = first < rows ? (rows - first + step - 1) / step * R : 0;  // this warp's rounds, all rows
   float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll 1
   for (int s = 0; s < steps; ++s) {

@@ -96,6 +96,7 @@ AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
 // Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3): one PRMT, which builds
 // a float from a weight byte and constant exponent bytes (instructions/vec.cuh).
 AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
+AMK_DEVICE int amk_log2_pow2(int v) { return __ffs(v) - 1; }  // v a power of two
 
 // ---------------------------------------------------------------- conversions
 // Exact round-to-nearest-even conversions, matching torch's .to(dtype).
