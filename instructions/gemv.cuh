@@ -778,10 +778,11 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     }
   }
   if (vec) {
-    const int L = amk_gemv_lanes<DT, PAIR>(K), per_warp = AMK_WARP_SIZE / L, sub = amk_lane() % L;
+    const int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L), per_warp = AMK_WARP_SIZE >> lg;
+    const int sub = amk_lane() & (L - 1);  // (shifts and masks: no division ahead of the first loads)
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform
-      const int r = r0 + amk_lane() / L;
+      const int r = r0 + (amk_lane() >> lg);
       float a1, a2;
       amk_gemv_row_vec<DT, PAIR>(w, w2, grp, xs, xp, xsums, r, r < rows, K, L, sub, a1, a2);
       if (sub == 0 && r < rows) {
