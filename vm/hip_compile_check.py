@@ -2,6 +2,7 @@
 
     python -m amk.vm.hip_compile_check            # gfx942, gfx950
     python -m amk.vm.hip_compile_check gfx942     # one arch
+    python -m amk.vm.hip_compile_check gfx942 -D AMK_GEMV_LOADS_AHEAD=1   # a build define (~90 s an arch)
 
 No GPU and no ROCm install needed: Debian's `clang-19` and `libamdhip64-dev` (HIP headers)
 suffice (`make hip-tools`). Device code only (`--cuda-device-only -S`), without the ROCm
@@ -55,27 +56,29 @@ def clang_knows(clang: str, arch: str) -> bool:
     return proc.returncode == 0
 
 
-def clang_command(clang: str, arch: str, out: Path, threads: int = DEFAULT_THREADS) -> list[str]:
+def clang_command(clang: str, arch: str, out: Path, threads: int = DEFAULT_THREADS,
+                  defines: dict[str, int] | None = None) -> list[str]:
     from amk.vm.build import MAIN_SOURCE, source_dirs
 
     vm_dir, ins_dir = source_dirs()
     return [clang, "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib", "-S", "-O3",
-            "-std=c++17", f"-DAMK_BLOCK_THREADS={threads}", "-Wall", "-Wextra", "-Werror",
-            f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
+            "-std=c++17", f"-DAMK_BLOCK_THREADS={threads}", *(f"-D{k}={v}" for k, v in (defines or {}).items()),
+            "-Wall", "-Wextra", "-Werror", f"-I{vm_dir}", f"-I{ins_dir}", str(vm_dir / MAIN_SOURCE), "-o", str(out)]
 
 
 def missing_atomics(asm: str) -> list[str]:
     return [what for what, pattern in SCOPED_ATOMICS.items() if not re.search(pattern, asm)]
 
 
-def hip_compile(arch: str, threads: int = DEFAULT_THREADS) -> tuple[bool, str, str]:
+def hip_compile(arch: str, threads: int = DEFAULT_THREADS,
+                defines: dict[str, int] | None = None) -> tuple[bool, str, str]:
     """(ok, report, assembly). ok is False on an error, a warning, or a missing scoped atomic."""
     clang = clang_path()
     if clang is None:
         raise FileNotFoundError("clang-19 not found (make hip-tools)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "megakernel.s"
-        cmd = clang_command(clang, arch, out, threads)
+        cmd = clang_command(clang, arch, out, threads, defines)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         asm = out.read_text() if proc.returncode == 0 and out.exists() else ""
     output = (proc.stdout + proc.stderr).strip()
@@ -86,7 +89,21 @@ def hip_compile(arch: str, threads: int = DEFAULT_THREADS) -> tuple[bool, str, s
 
 
 def main(argv: list[str]) -> int:
-    archs = argv or list(ARCHS)
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m amk.vm.hip_compile_check", description=(__doc__ or "").strip(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("archs", nargs="*", metavar="gfxNNN", help=f"default: {' '.join(ARCHS)}")
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="AMK_NAME=INT",
+                    help="an extra integer define (as $AMK_VM_DEFINES or a program's VM knobs give the loader's builds)")
+    a = ap.parse_args(argv)
+    bad = [x for x in a.archs if not (x.startswith("gfx") and x[3:].isalnum())]
+    bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
+    if bad:
+        print(f"error: not an AMD architecture or NAME=INT: {' '.join(bad)}", file=sys.stderr)
+        return 2
+    defines = {k: int(v) for k, _, v in (d.partition("=") for d in a.define)}
+    tag = f" {' '.join(a.define)}" if a.define else ""
     clang = clang_path()
     if clang is None:
         print("clang-19 not found: install it with `make hip-tools`")
@@ -94,12 +111,12 @@ def main(argv: list[str]) -> int:
     from amk.vm.compile_check import report
 
     def results():
-        for arch in archs:
+        for arch in a.archs or ARCHS:
             if not clang_knows(clang, arch):
                 print(f"{arch}: skipped ({clang} does not know this target)")
                 continue
-            ok, out, _ = hip_compile(arch)
-            yield arch, ok, out
+            ok, out, _ = hip_compile(arch, defines=defines)
+            yield f"{arch}{tag}", ok, out
 
     return report(results())
 
