@@ -771,8 +771,10 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   }
 #endif
   if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
-    const int groups = amk_nwarps() * (AMK_WARP_SIZE / amk_gemv_lanes<DT, PAIR>(K));  // lane groups of the block
-    if (vec && (AMK_GEMV_AHEAD_MIN_ROWS <= 1 || rows >= AMK_GEMV_AHEAD_MIN_ROWS * groups)) {
+    // (at least AMK_GEMV_AHEAD_MIN_ROWS rows for each lane group of the block; nothing to count at 1)
+    const bool enough_rows = AMK_GEMV_AHEAD_MIN_ROWS <= 1 ||
+        rows >= AMK_GEMV_AHEAD_MIN_ROWS * amk_nwarps() * (AMK_WARP_SIZE / amk_gemv_lanes<DT, PAIR>(K));
+    if (vec && enough_rows) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;
     }
