@@ -9,6 +9,9 @@
 #   device run:  bash eval/tree_ab.sh .carry/old OLD_SHA NEW_SHA MODEL [MODEL ...]
 #                carry: [".whl", ".carry"]   timeout_s: 600
 #
+# AMK_TREE_AB_ARGS adds bench options to every bench (e.g. "--config /abs/path/int8_g128.json";
+# a path must be absolute: the benches run in /tmp/amk-run).
+#
 # Writes $OUT/benches.tgz (b_{new,old}_MODEL_ROUND.json: each has its own gate, commit and its
 # paired ratio to the CUDA-graph baseline) and $OUT/bench.err (progress); prints the medians.
 # Exits 1 when a bench gave no latency (its gate failed, or it did not run).
@@ -24,7 +27,7 @@ bench() {  # TREE LABEL SHA MODEL ROUND
    source "$1/eval/device_env.sh"
    mkdir -p /tmp/amk-run && cd /tmp/amk-run || exit 1
    AMK_GIT_COMMIT=$3 timeout 150 python3 -m amk.cli bench "$4" --random-init --dtype bfloat16 --ctx 1024 \
-     --baselines cuda_graph --bandwidth 3000 --json >"$OUT/b_$2_$4_$5.json" 2>>"$OUT/bench.err"
+     --baselines cuda_graph --bandwidth 3000 --json ${AMK_TREE_AB_ARGS:-} >"$OUT/b_$2_$4_$5.json" 2>>"$OUT/bench.err"
    echo "$2 $4 round $5: rc $?" >>"$OUT/bench.err")
 }
 for r in 1 2; do

@@ -653,20 +653,14 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // uses of the loaded registers, so ptxas's one dependency barrier for the weight loads still
 // costs one wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums
 // are the plain loop's, in its order: bit-identical results. Float weights on an H200 (item
-// 170): the 1B -1.36 %, the 8B -1.38 %, the SmolLM2 shape +3.0 %. Asymmetric int8 keeps the
+// 170): the 1B -1.36 %, the 8B -1.38 %, the SmolLM2 shape +3.0 % (+0.6 % once the first loads
+// no longer waited for the loop bounds, item 173; taking this loop only for tasks of several rows a
+// lane group lost on both shapes and was removed). Asymmetric int8 keeps the
 // plain loop, and the AMK_DIAG_Q_* trace diagnostics apply to the plain loop only. (A struct
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.)
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
-#endif
-// With AMK_GEMV_LOADS_AHEAD: the loads-ahead loop only for tasks that give each lane group at
-// least this many rows (fewer: the plain loop). A SmolLM2 layer task gives one, and its rows
-// phases grew by 0.15-0.26 us in the loads-ahead loop, while its LM head's (23 rows a lane
-// group) shrank by 14 % (eval/PERF_NOTES.md items 170-171; 1 = every task, not yet measured
-// otherwise).
-#ifndef AMK_GEMV_AHEAD_MIN_ROWS
-#define AMK_GEMV_AHEAD_MIN_ROWS 1
 #endif
 
 template <int DT, bool PAIR>
@@ -771,10 +765,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   }
 #endif
   if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
-    // (at least AMK_GEMV_AHEAD_MIN_ROWS rows for each lane group of the block; nothing to count at 1)
-    const bool enough_rows = AMK_GEMV_AHEAD_MIN_ROWS <= 1 ||
-        rows >= AMK_GEMV_AHEAD_MIN_ROWS * amk_nwarps() * (AMK_WARP_SIZE / amk_gemv_lanes<DT, PAIR>(K));
-    if (vec && enough_rows) {
+    if (vec) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;
     }
