@@ -47,7 +47,8 @@ def test_nvcc_compiles_without_warnings(arch):
 SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104),
                  (80, "int8_asym"): (0, 0), (90, "int8_asym"): (24, 44),
                  (80, "bf16_oslices"): (0, 0), (90, "bf16_oslices"): (0, 0),
-                 (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0)}
+                 (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0),
+                 (80, "int8_ahead"): (0, 0), (90, "int8_ahead"): (0, 0)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
@@ -86,7 +87,8 @@ CODE_BUDGET_SM90_BF16 = 342_000
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4")),
                                        ("bf16_oslices", dict(o_proj_kv_slices=2)),
-                                       ("bf16_ahead", dict(gemv_loads_ahead=True))])
+                                       ("bf16_ahead", dict(gemv_loads_ahead=True)),
+                                       ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True))])
 def test_compile_check_builds_are_the_loaders(build, cfg):
     """compile_check's specialized builds are what the loader compiles for a fused Llama program
     of that weight format (the LM head left in bf16 where the program keeps it), so the spill and
