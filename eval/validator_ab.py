@@ -65,7 +65,9 @@ def _shim(root: Path, into: Path) -> Path:
 
 
 def _run(shim: Path, programs: int, seed: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]), PYTHONSAFEPATH="1")
+    # (an empty PYTHONPATH entry would put the working directory, the temp folder, on sys.path)
+    paths = [str(shim), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONSAFEPATH="1")
     out = subprocess.run([sys.executable, "-c", _CHILD, str(programs), str(seed)], env=env, capture_output=True, text=True,
                          cwd=tempfile.gettempdir())
     if out.returncode != 0:
