@@ -662,6 +662,12 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
 #endif
+// Experiment (eval/PERF_NOTES.md item 175, not yet measured): a warp's last step branches around
+// the next round's issue instead of issuing it predicated off. A SmolLM2 layer task gives a warp
+// one step, so that is most of the loads-ahead loop's remaining +0.6 % there.
+#ifndef AMK_GEMV_AHEAD_SKIP_LAST
+#define AMK_GEMV_AHEAD_SKIP_LAST 0
+#endif
 
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
@@ -737,7 +743,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     const int rn = row_end ? r + step : r, jn = row_end ? 0 : j + 1;  // the next step's
     const char* n1 = row_end ? row_of(w, rn) : p1;
     const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
-    issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
+    if (!AMK_GEMV_AHEAD_SKIP_LAST || s + 1 < steps) issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
     if (row_end) {  // the row's tail, reduction and store, under the next round's loads
       amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
       if (sub == 0 && ok) {
