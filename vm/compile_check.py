@@ -191,16 +191,20 @@ def nvdisasm_path() -> str | None:
     return str(wheel[0]) if wheel else None
 
 
-def _disassemble(arch: int, threads: int, defines: dict | None, root: Path | None, encoding: bool = False) -> str:
+def _disassemble(arch: int, threads: int, defines: dict | None, root: Path | None, encoding: bool = False,
+                 inlining: bool = False) -> str:
     """nvdisasm --print-line-info of the megakernel for `arch` (nvcc -cubin -lineinfo); with
-    `encoding`, each instruction's two 64-bit words too (-hex; control_bits reads the second)."""
+    `encoding`, each instruction's two 64-bit words too (-hex; control_bits reads the second);
+    with `inlining`, each source line's chain of inlined calls (--print-line-info-inline: one
+    `//## File` line a level, the innermost first)."""
     tool = nvdisasm_path()
     if tool is None:
         raise FileNotFoundError("nvdisasm not found (the CUDA toolkit's, or pip's nvidia-cuda-nvdisasm: "
                                 "`pip install nvidia-cuda-nvdisasm`)")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = _cubin(arch, threads, defines, root, tmp, lineinfo=True)
-        return subprocess.run([tool, "--print-line-info", *(["-hex"] if encoding else []), "-c", str(cubin)],
+        line_info = "--print-line-info-inline" if inlining else "--print-line-info"
+        return subprocess.run([tool, line_info, *(["-hex"] if encoding else []), "-c", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
 
 
@@ -278,17 +282,24 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
     item 168). One record a wait: address, source file and line, barrier, loads pending on it,
     and `reads`: whether the waiting instruction names a register those loads write (False: it
     waits only for loads it does not use, the mark of loads issued ahead of a use of older ones;
-    None for a branch, which waits on behalf of the code it jumps to)."""
+    None for a branch, which waits on behalf of the code it jumps to). `chain`: the (file, line)
+    of each inlined call level, the innermost (file, line) first, from --print-line-info-inline
+    output (one level from plain --print-line-info)."""
     lines = hex_disasm.splitlines()
     pending = [0] * 6
     regs: list[set[int]] = [set() for _ in range(6)]  # the registers the pending loads write
-    where = ("?", 0)
+    chain: list[tuple[str, int]] = [("?", 0)]
+    in_marks = False  # the previous line was a `//## File` mark too: the same chain, one level out
     out = []
     for i, line in enumerate(lines):
         fl = _SASS_FILE_LINE.search(line)
         if fl:
-            where = (Path(fl.group(1)).name, int(fl.group(2)))
+            level = (Path(fl.group(1)).name, int(fl.group(2)))
+            chain = [*chain, level] if in_marks else [level]
+            in_marks = True
             continue
+        in_marks = False
+        where = chain[0]
         m = _SASS_OP.match(line)
         nxt = _SASS_HEX_WORD.search(lines[i + 1]) if m and i + 1 < len(lines) else None
         if not nxt:
@@ -300,7 +311,7 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
                 addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
                 reads = None if m.group(1) == "BRA" else bool(named & regs[b])  # a branch waits for its targets
                 out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b],
-                            "reads": reads})
+                            "reads": reads, "chain": tuple(chain)})
                 pending[b], regs[b] = 0, set()
         dest = re.search(r"\bLDG\S*\.128\S*\s+R(\d+),", line)
         if dest and ctl["write_barrier"] is not None:
@@ -309,13 +320,30 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
     return out
 
 
+def _source_texts(root: Path | None) -> dict[str, str]:
+    """The device sources by file name (vm/ and instructions/ of the tree at `root`)."""
+    return {f.name: f.read_text() for d in _source_dirs(root) for f in sorted(d.iterdir())
+            if f.suffix in (".cu", ".cuh", ".h")}
+
+
 def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                    root: Path | None = None) -> dict[tuple[str, str], int]:
     """Instructions of the megakernel per (source file, function): what makes the code large
     (nvcc -cubin -lineinfo, then nvdisasm --print-line-info)."""
-    dirs = _source_dirs(root)
-    sources = {f.name: f.read_text() for d in dirs for f in sorted(d.iterdir()) if f.suffix in (".cu", ".cuh", ".h")}
-    return instructions_by_source(_disassemble(arch, threads, defines, root), sources)
+    return instructions_by_source(_disassemble(arch, threads, defines, root), _source_texts(root))
+
+
+def load_waits(arch: int, defines: dict | None = None, root: Path | None = None,
+               threads: int = DEFAULT_THREADS) -> list[dict]:
+    """serial_load_waits of the megakernel for `arch`, each wait with `functions` too: the
+    enclosing function of each level of its inlined call chain, innermost first (so a wait in
+    the scalar weight path has amk_w_at among them)."""
+    funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
+    waits = serial_load_waits(_disassemble(arch, threads, defines, root, encoding=True, inlining=True))
+    for w in waits:
+        w["functions"] = tuple(funcs[f][n - 1] if f in funcs and 0 < n <= len(funcs[f]) else "?"
+                               for f, n in w["chain"])
+    return waits
 
 
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -342,6 +370,12 @@ def report(results) -> int:
             spills = spill_bytes(ok, out)
             print(f"  spill stores {spills[0]} B, spill loads {spills[1]} B" if spills else out)
     return 1 if failed else 0
+
+
+def _call_path(functions: tuple[str, ...], most: int = 6) -> str:
+    """The innermost `most` functions of a call chain, each once ('a < b < c': a called from b)."""
+    names = [f for i, f in enumerate(functions) if i == 0 or f != functions[i - 1]]
+    return " < ".join(names[:most]) + (" < ..." if len(names) > most else "")
 
 
 def main(argv: list[str]) -> int:
@@ -402,7 +436,7 @@ def main(argv: list[str]) -> int:
             mix = ", ".join(f"{o} {n}" for o, n in list(lp["mix"].items())[:8])
             print(f"  {lp['label']}: {lp['instructions']} instructions, {lp['loads16']} 16-byte loads ({per_byte}); {mix}")
     for arch in archs if a.load_waits else ():
-        waits = serial_load_waits(_disassemble(arch, DEFAULT_THREADS, defines, a.sources, encoding=True))
+        waits = load_waits(arch, defines, a.sources)
         by_line = Counter((w["file"], w["line"]) for w in waits)
         unused = sum(w["reads"] is False for w in waits)
         print(f"sm_{arch}{tag}: {len(waits)} waits on 16-byte loads issued since the barrier's last wait, "
@@ -413,6 +447,8 @@ def main(argv: list[str]) -> int:
             loads = [w["loads"] for w in here]
             print(f"  {n:4}  {f}:{line}  (loads pending: {min(loads)}-{max(loads)}; "
                   f"not read: {sum(w['reads'] is False for w in here)})")
+            for calls in sorted({_call_path(w["functions"]) for w in here if w["reads"] is False}):
+                print(f"          not read, in {calls}")
     return status
 
 
