@@ -100,6 +100,12 @@ GEMV_CASES = {
     # rows many and K short: the MMA rows' slices would need more scratch than x's words (gemv.cuh
     # amk_mma_deal), so a tile takes its whole K
     "i8_g64_short_k": GemvCase(rows=64, k=128, quant="i8", group=64, epilogue=Epilogue.SILU_MUL),
+    # the vector rows' group mapping (gemv.cuh amk_group_of): a slice inside one group of a
+    # power-of-two number of vectors (shifts), inside one group of 3 vectors (a division: per-channel
+    # scales of any width), and two groups of 3 vectors (not vectorizable: the scalar path)
+    "i8_one_group": GemvCase(rows=24, k=64, quant="i8", group=64),
+    "i8_one_group_of_3": GemvCase(rows=24, k=48, quant="i8", group=48, epilogue=Epilogue.ADD),
+    "u4_groups_of_3": GemvCase(rows=16, k=192, quant="u4", group=96, epilogue=Epilogue.SILU_MUL),
 }
 # the cases whose quantized rows AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA take (a pass of 4 vectors inside
 # one group: int8 groups of 64 or more, int4 of 128 or more; K a multiple of the pass)
