@@ -652,10 +652,10 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // rolled refills (each vector's own register refilled at once), no load is issued between two
 // uses of the loaded registers, so ptxas's one dependency barrier for the weight loads still
 // costs one wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums
-// are the plain loop's, in its order: bit-identical results. Float weights on an H200 (item
-// 170): the 1B -1.36 %, the 8B -1.38 %, the SmolLM2 shape +3.0 % (+0.6 % once the first loads
-// no longer waited for the loop bounds, item 173; taking this loop only for tasks of several rows a
-// lane group lost on both shapes and was removed). Asymmetric int8 keeps the
+// are the plain loop's, in its order: bit-identical results. On an H200 (items 170, 173-174):
+// the 1B -1.36 %, the 8B -1.38 %, the int8 1B -1.35 %; the SmolLM2 shape +3.0 %, +0.6 % once
+// the first loads no longer waited for the loop bounds (taking this loop only for tasks of
+// several rows a lane group lost on both shapes and was removed). Asymmetric int8 keeps the
 // plain loop, and the AMK_DIAG_Q_* trace diagnostics apply to the plain loop only. (A struct
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.)

@@ -372,6 +372,16 @@ def report(results) -> int:
     return 1 if failed else 0
 
 
+def bad_defines(defines: list[str]) -> list[str]:
+    """The `-D` arguments not of the form AMK_NAME=INT (the CLIs here and in hip_compile_check)."""
+    return [d for d in defines if not d.partition("=")[2].lstrip("-").isdigit()]
+
+
+def parse_defines(defines: list[str]) -> dict[str, int]:
+    """`-D` arguments (AMK_NAME=INT, checked by bad_defines) as build defines."""
+    return {k: int(v) for k, _, v in (d.partition("=") for d in defines)}
+
+
 def _call_path(functions: tuple[str, ...], most: int = 6) -> str:
     """The innermost `most` functions of a call chain, each once ('a < b < c': a called from b)."""
     names = [f for i, f in enumerate(functions) if i == 0 or f != functions[i - 1]]
@@ -407,11 +417,11 @@ def main(argv: list[str]) -> int:
                          "e.g. an older commit's `git archive`")
     a = ap.parse_args(argv)
     bad = [x for x in a.archs if not x.removeprefix("sm_").isdigit()]
-    bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
+    bad += bad_defines(a.define)
     if bad:
         print(f"error: not an architecture or NAME=INT: {' '.join(bad)}", file=sys.stderr)
         return 2
-    defines = {**SPECIALIZED.get(a.build, {}), **{k: int(v) for k, _, v in (d.partition("=") for d in a.define)}}
+    defines = {**SPECIALIZED.get(a.build, {}), **parse_defines(a.define)}
     archs = [int(x.removeprefix("sm_")) for x in a.archs] or list(ARCHS)
     tag = "" if a.build == "generic" and not a.define else f" {a.build} {' '.join(a.define)}".rstrip()
     check = functools.partial(nvcc_compile, root=a.sources) if a.sources else nvcc_compile

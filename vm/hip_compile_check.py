@@ -91,6 +91,8 @@ def hip_compile(arch: str, threads: int = DEFAULT_THREADS,
 def main(argv: list[str]) -> int:
     import argparse
 
+    from amk.vm.compile_check import bad_defines, parse_defines, report
+
     ap = argparse.ArgumentParser(prog="python -m amk.vm.hip_compile_check", description=(__doc__ or "").strip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("archs", nargs="*", metavar="gfxNNN", help=f"default: {' '.join(ARCHS)}")
@@ -98,17 +100,16 @@ def main(argv: list[str]) -> int:
                     help="an extra integer define (as $AMK_VM_DEFINES or a program's VM knobs give the loader's builds)")
     a = ap.parse_args(argv)
     bad = [x for x in a.archs if not (x.startswith("gfx") and x[3:].isalnum())]
-    bad += [d for d in a.define if not d.partition("=")[2].lstrip("-").isdigit()]
+    bad += bad_defines(a.define)
     if bad:
         print(f"error: not an AMD architecture or NAME=INT: {' '.join(bad)}", file=sys.stderr)
         return 2
-    defines = {k: int(v) for k, _, v in (d.partition("=") for d in a.define)}
+    defines = parse_defines(a.define)
     tag = f" {' '.join(a.define)}" if a.define else ""
     clang = clang_path()
     if clang is None:
         print("clang-19 not found: install it with `make hip-tools`")
         return 1
-    from amk.vm.compile_check import report
 
     def results():
         for arch in a.archs or ARCHS:

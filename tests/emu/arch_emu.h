@@ -122,8 +122,8 @@ AMK_DEVICE int __float_as_int(float f) {
   memcpy(&i, &f, 4);
   return i;
 }
-// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3), as CUDA's __byte_perm.
 AMK_DEVICE int amk_log2_pow2(int v) { return __builtin_ctz((unsigned)v); }  // v a power of two
+// Byte i of the result is byte (s >> 4i) & 7 of y:x (x bytes 0-3), as CUDA's __byte_perm.
 AMK_DEVICE unsigned amk_byte_perm(unsigned x, unsigned y, unsigned s) {
   const unsigned long long v = ((unsigned long long)y << 32) | x;
   unsigned r = 0;
