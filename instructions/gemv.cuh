@@ -652,21 +652,16 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // rolled refills (each vector's own register refilled at once), no load is issued between two
 // uses of the loaded registers, so ptxas's one dependency barrier for the weight loads still
 // costs one wait a round (`compile_check --load-waits`, eval/PERF_NOTES.md item 168). The sums
-// are the plain loop's, in its order: bit-identical results. On an H200 (items 170, 173-174):
-// the 1B -1.36 %, the 8B -1.38 %, the int8 1B -1.35 %; the SmolLM2 shape +3.0 %, +0.6 % once
-// the first loads no longer waited for the loop bounds (taking this loop only for tasks of
-// several rows a lane group lost on both shapes and was removed). Asymmetric int8 keeps the
+// are the plain loop's, in its order: bit-identical results. On an H200 (items 170, 173-177):
+// the 1B -1.36 %, the 8B -1.38 %, the int8 1B -1.35 %, the int4 1B -1.28 % (spilling 24 B on
+// sm_90); the SmolLM2 shape +3.0 %, +0.4 to +0.6 % once the first loads no longer waited for the
+// loop bounds (taking this loop only for tasks of several rows a lane group, or branching around
+// the last step's empty issue, lost or gained nothing and was removed). Asymmetric int8 keeps the
 // plain loop, and the AMK_DIAG_Q_* trace diagnostics apply to the plain loop only. (A struct
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.)
 #ifndef AMK_GEMV_LOADS_AHEAD
 #define AMK_GEMV_LOADS_AHEAD 0
-#endif
-// Experiment (eval/PERF_NOTES.md item 175, not yet measured): a warp's last step branches around
-// the next round's issue instead of issuing it predicated off. A SmolLM2 layer task gives a warp
-// one step, so that is most of the loads-ahead loop's remaining +0.6 % there.
-#ifndef AMK_GEMV_AHEAD_SKIP_LAST
-#define AMK_GEMV_AHEAD_SKIP_LAST 0
 #endif
 
 template <int DT, bool PAIR>
@@ -743,7 +738,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     const int rn = row_end ? r + step : r, jn = row_end ? 0 : j + 1;  // the next step's
     const char* n1 = row_end ? row_of(w, rn) : p1;
     const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
-    if (!AMK_GEMV_AHEAD_SKIP_LAST || s + 1 < steps) issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
+    issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
     if (row_end) {  // the row's tail, reduction and store, under the next round's loads
       amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
       if (sub == 0 && ok) {

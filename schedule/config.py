@@ -159,12 +159,12 @@ class ScheduleConfig(BaseModel):
         "auto",
         description="VM knob (program.meta['vm'], the build define AMK_GEMV_LOADS_AHEAD): a GEMV warp "
         "issues its next round's weight loads before the row's reduction and store, so those run "
-        "under the loads' latency. 'auto' = on for float-weight and symmetric int8 programs whose "
-        f"largest layer GEMV task streams more than {SMALL_TASK_KB} KiB, off otherwise (int4, "
-        "asymmetric int8). On an H200 (eval/PERF_NOTES.md items 170 and 173): Llama-3.2-1B -1.35 % "
-        "(-6.2 % against the plain loop since item 172; ctx 8192 -1.5 %), Llama-3.1-8B -1.4 %, "
-        "the int8 1B -1.35 %, but the SmolLM2 shape (tasks of at most 64 KiB) +0.6 %; int4 +1.0 % "
-        "(it spills on sm_90; not re-measured since).",
+        "under the loads' latency. 'auto' = on for programs whose largest layer GEMV task streams "
+        f"more than {SMALL_TASK_KB} KiB, off otherwise and for asymmetric int8 (whose GEMV keeps the "
+        "plain loop). On an H200 (eval/PERF_NOTES.md items 170, 173, 174 and 177): Llama-3.2-1B "
+        "-1.35 % (-6.2 % against the plain loop since item 172; ctx 8192 -1.5 %), Llama-3.1-8B "
+        "-1.4 %, the int8 1B -1.35 %, the int4 1B -1.28 % (though it spills 24 B on sm_90), but the "
+        "SmolLM2 shape (tasks of at most 64 KiB) +0.4 to +0.6 %.",
     )
     gemv_unroll: Union[Auto, int] = Field(
         "auto",

@@ -750,13 +750,13 @@ class _Lowering:
         return SHORT_POLL_CAP_NS if largest is not None and largest <= SHORT_POLL_TASK_KB * 1024 else VM_POLL_CAP_NS
 
     def gemv_loads_ahead(self) -> bool:
-        """ScheduleConfig.gemv_loads_ahead resolved ('auto': on for float-weight and symmetric int8
-        programs whose largest layer GEMV task streams more than SMALL_TASK_KB; int4 spills in that
-        loop and asymmetric int8 does not take it)."""
+        """ScheduleConfig.gemv_loads_ahead resolved ('auto': on for programs whose largest layer
+        GEMV task streams more than SMALL_TASK_KB, except asymmetric int8, whose GEMV does not
+        take that loop)."""
         if self.cfg.gemv_loads_ahead != "auto":
             return self.cfg.gemv_loads_ahead
         weights = [b for b in self.buffers if b.kind == BufferKind.WEIGHT]
-        if any(b.dtype == DType.U4 or (b.dtype == DType.I8 and b.zero is not None) for b in weights):
+        if any(b.dtype == DType.I8 and b.zero is not None for b in weights):
             return False
         largest = self.largest_layer_task_bytes()
         return largest is not None and largest > SMALL_TASK_KB * 1024

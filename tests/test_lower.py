@@ -325,11 +325,11 @@ def test_poll_cap_auto_is_short_for_programs_of_short_gemv_tasks():
     assert lowered("smollm2-135m", poll_cap_ns=512).meta["vm"]["poll_cap_ns"] == 512
 
 
-def test_gemv_loads_ahead_auto_is_on_for_large_float_and_int8_tasks():
-    """'auto' gemv_loads_ahead resolves to on for float-weight and symmetric int8 programs with a
-    layer GEMV task of more than SMALL_TASK_KB (the 1B, the 8B, the int8 1B), off for SmolLM2's
-    small tasks, int4 and asymmetric int8 programs; a bool is kept. The loader turns on into
-    AMK_GEMV_LOADS_AHEAD."""
+def test_gemv_loads_ahead_auto_is_on_for_large_tasks_but_asymmetric_int8():
+    """'auto' gemv_loads_ahead resolves to on for float-weight, symmetric int8 and int4 programs
+    with a layer GEMV task of more than SMALL_TASK_KB (the 1B, the 8B, the int8 and int4 1B), off
+    for SmolLM2's small tasks and asymmetric int8 programs (whose GEMV keeps the plain loop); a
+    bool is kept. The loader turns on into AMK_GEMV_LOADS_AHEAD."""
     from amk.eval.shapes import shape_config
     from amk.schedule.importer import spec_from_hf_config
     from amk.schedule.importer.hf_config import normalize
@@ -339,15 +339,16 @@ def test_gemv_loads_ahead_auto_is_on_for_large_float_and_int8_tasks():
         spec = spec_from_hf_config(normalize(shape_config(shape)), name=shape, dtype="bfloat16")
         return lower(spec, ScheduleConfig(**cfg), H100, kv_capacity=64)
 
-    on = [lowered("llama-3.2-1b"), lowered("llama-3.1-8b"), lowered("llama-3.2-1b", quant="int8")]
-    off = [lowered("smollm2-135m"), lowered("llama-3.2-1b", quant="int4"),
+    on = [lowered("llama-3.2-1b"), lowered("llama-3.1-8b"), lowered("llama-3.2-1b", quant="int8"),
+          lowered("llama-3.2-1b", quant="int4")]
+    off = [lowered("smollm2-135m"), lowered("smollm2-135m", quant="int4"),
            lowered("llama-3.2-1b", quant="int8", quant_asym=True)]
-    assert [p.meta["vm"]["gemv_loads_ahead"] for p in on + off] == [True] * 3 + [False] * 3
+    assert [p.meta["vm"]["gemv_loads_ahead"] for p in on + off] == [True] * 4 + [False] * 3
     assert all(knob_defines(p)["AMK_GEMV_LOADS_AHEAD"] == 1 for p in on)
     assert not any("AMK_GEMV_LOADS_AHEAD" in knob_defines(p) for p in off)
     assert lowered("smollm2-135m", gemv_loads_ahead=True).meta["vm"]["gemv_loads_ahead"] is True
     assert lowered("llama-3.2-1b", gemv_loads_ahead=False).meta["vm"]["gemv_loads_ahead"] is False
-    assert lowered("llama-3.2-1b", quant="int4", gemv_loads_ahead=True).meta["vm"]["gemv_loads_ahead"] is True
+    assert lowered("llama-3.2-1b", quant="int4", gemv_loads_ahead=False).meta["vm"]["gemv_loads_ahead"] is False
 
 
 def test_slabs_and_splits_follow_config():

@@ -43,12 +43,15 @@ def test_nvcc_compiles_without_warnings(arch):
 # finer int4 x rotation to 40 / 108). sm_80 is the tightest arch for most builds, sm_90 the
 # one the H100 runs.
 # The asymmetric int8 build's zeros, loaded with the codes, spill 24 / 44 B on sm_90; loaded at
-# their use instead they spilled nothing but cost the 1B 5 % (item 132).
+# their use instead they spilled nothing but cost the 1B 5 % (item 132). The int4 build's
+# loads-ahead loop spills 24 / 24 B on sm_90, some in the loop, and still gained the int4 1B
+# 1.28 % over the plain loop (item 177).
 SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (32, 104),
                  (80, "int8_asym"): (0, 0), (90, "int8_asym"): (24, 44),
                  (80, "bf16_oslices"): (0, 0), (90, "bf16_oslices"): (0, 0),
                  (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0),
-                 (80, "int8_ahead"): (0, 0), (90, "int8_ahead"): (0, 0)}
+                 (80, "int8_ahead"): (0, 0), (90, "int8_ahead"): (0, 0),
+                 (80, "int4_ahead"): (0, 0), (90, "int4_ahead"): (24, 24)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
@@ -88,7 +91,8 @@ CODE_BUDGET_SM90_BF16 = 342_000
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4")),
                                        ("bf16_oslices", dict(o_proj_kv_slices=2)),
                                        ("bf16_ahead", dict(gemv_loads_ahead=True)),
-                                       ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True))])
+                                       ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True)),
+                                       ("int4_ahead", dict(quant="int4", gemv_loads_ahead=True))])
 def test_compile_check_builds_are_the_loaders(build, cfg):
     """compile_check's specialized builds are what the loader compiles for a fused Llama program
     of that weight format (the LM head left in bf16 where the program keeps it), so the spill and

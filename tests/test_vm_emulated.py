@@ -89,14 +89,12 @@ def test_gemv_loads_ahead(emu, monkeypatch, name):
     """AMK_GEMV_LOADS_AHEAD (gemv.cuh): the next round's loads (with their scales and zeros)
     issued before the row's reduction. Rounds across rows (many_rows, u4_many_rows), several a
     row (long_k in fp32, the pair's 4096 columns, int8's 8192), a K slice's tail (split_k_tail)
-    and quantized K slices: the plain loop's results, float weights in bf16 too; with
-    AMK_GEMV_AHEAD_SKIP_LAST the last step branches around its (empty) issue."""
-    for defines in ("AMK_GEMV_LOADS_AHEAD=1", "AMK_GEMV_LOADS_AHEAD=1,AMK_GEMV_AHEAD_SKIP_LAST=1"):
-        monkeypatch.setenv("AMK_VM_DEFINES", defines)
-        prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-        run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
-        if GEMV_CASES[name].quant is None:
-            run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
+    and quantized K slices: the plain loop's results, float weights in bf16 too."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_LOADS_AHEAD=1")
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+    if GEMV_CASES[name].quant is None:
+        run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
 
 
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])

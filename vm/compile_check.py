@@ -38,9 +38,11 @@ SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FE
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
                "int8_asym": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
                              **LLAMA_FEATURES},
-               # ScheduleConfig.gemv_loads_ahead (on for the 1B and the 8B by 'auto', bf16 and int8)
+               # ScheduleConfig.gemv_loads_ahead (on for the 1B and the 8B by 'auto': bf16, int8, int4)
                "bf16_ahead": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1},
                "int8_ahead": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
+                              "AMK_GEMV_LOADS_AHEAD": 1},
+               "int4_ahead": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1},
                # ScheduleConfig.o_proj_kv_slices: no ATTN_COMBINE op; the o-proj's combine prologue and
                # the MLP's reads of x with partials
