@@ -181,15 +181,25 @@ struct AmkGroupOf {
   int v0, shift;
   AMK_DEVICE int operator()(int v) const { return (v0 + v) >> shift; }
 };
-template <int VEC>
+// A quantized build maps without a run-time division (the one-group test is the same as
+// g0 = k_lo / group; item 178): a division ahead of a task's first weight loads delays them by
+// more than its instructions (item 172). The float builds compile the mapping too, never to run
+// it (float weights have no scales), and keep the older form: any change to that cold copy moved
+// ptxas's schedule of the bf16 loads-ahead loop (item 176).
+template <int VEC, bool QUANT>
 AMK_DEVICE bool amk_group_of(const AmkGemvW& w, int K, AmkGroupOf& g) {
   const int vpg = w.group / VEC;
-  if ((w.k_lo + K - 1) / w.group == w.g0) {  // the slice lies in one group (per-channel scales)
+  const bool one_group = QUANT ? w.k_lo + K <= (w.g0 + 1) * w.group : (w.k_lo + K - 1) / w.group == w.g0;
+  if (one_group) {  // the slice lies in one group (per-channel scales)
     g.v0 = 0, g.shift = 30;
     return true;
   }
   if ((vpg & (vpg - 1)) != 0) return false;
-  for (g.shift = 0; (1 << g.shift) < vpg; ++g.shift) {
+  if constexpr (QUANT) {
+    g.shift = amk_log2_pow2(vpg);
+  } else {
+    for (g.shift = 0; (1 << g.shift) < vpg; ++g.shift) {
+    }
   }
   g.v0 = w.k_lo / VEC - w.g0 * vpg;  // (k_lo / VEC + v) / vpg - g0 == (v0 + v) >> shift
   return true;
@@ -215,7 +225,7 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
   // an I8 zero's term comes from whole 32-column chunks of the slice: the scalar path otherwise
   const bool chunks = DT != AMK_DTYPE_I8 || w.zb == nullptr || (w.k_lo % AMK_XSUM_CHUNK == 0 && K % AMK_XSUM_CHUNK == 0);
   return chunks && w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_qcomp_dtype(w.sb) && amk_qcomp_dtype(w.zb) &&
-         amk_group_of<F::VEC>(w, K, grp);
+         amk_group_of<F::VEC, DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4>(w, K, grp);
 }
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
