@@ -55,6 +55,13 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 // F16) and how the lanes of a warp share them: a lane holds AMK_KV_LANE floats of a row,
 // NV 16-byte vectors of VEC elements (chunk ch = sub + c * G, c < NV).
 #define AMK_KV_LANE 8
+// Experiment (eval/PERF_NOTES.md item 179, 0 = off): the K / V row geometry and the wide passes'
+// lane split by shifts and masks instead of divisions by values known only at run time, which
+// the partial's first K loads wait for (items 172 and 178 gained 0.5-1.9 % from that in the GEMV).
+// On, it spills in some builds (generic, asymmetric int8, int4 on sm_90; none in bf16 / bf16_ahead).
+#ifndef AMK_ATTN_SHIFTS
+#define AMK_ATTN_SHIFTS 0
+#endif
 struct AmkKvRows {
   const AmkBuffer* b;
   amk_i64 off, width;
@@ -68,6 +75,17 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
   AmkKvRows r;
   r.b = &b, r.off = o.off, r.width = b.width, r.hd = hd, r.dt = b.dtype;
   r.bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
+#if AMK_ATTN_SHIFTS
+  const int lgv = b.dtype == AMK_DTYPE_F32 ? 2 : 3;  // VEC = 16 / bytes
+  r.VEC = 1 << lgv;
+  r.NV = AMK_KV_LANE >> lgv;
+  r.vec = (hd & (r.VEC - 1)) == 0 && (b.ptr + (unsigned long long)(o.off * r.bytes)) % 16 == 0 &&
+          (b.width * r.bytes) % 16 == 0;
+  r.C = (hd + r.VEC - 1) >> lgv;
+  r.G = 1;
+  while (r.G < r.C && r.G < AMK_WARP_SIZE) r.G <<= 1;
+  r.R = AMK_WARP_SIZE >> amk_log2_pow2(r.G);
+#else
   r.VEC = 16 / r.bytes;
   r.NV = AMK_KV_LANE / r.VEC;
   r.vec = hd % r.VEC == 0 && (b.ptr + (unsigned long long)(o.off * r.bytes)) % 16 == 0 && (b.width * r.bytes) % 16 == 0;
@@ -75,6 +93,7 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
   r.G = 1;
   while (r.G < r.C && r.G < AMK_WARP_SIZE) r.G <<= 1;
   r.R = AMK_WARP_SIZE / r.G;
+#endif
   return r;
 }
 
@@ -203,7 +222,12 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   constexpr int HB = AMK_ATTN_SCORE_HB;
+#if AMK_ATTN_SHIFTS
+  const int G = K.C / 4, lg = amk_log2_pow2(G), R = AMK_WARP_SIZE >> lg;  // G: a power of two (wide rows)
+  const int lane = amk_lane(), grp = lane >> lg, sub = lane & (G - 1), hd = K.hd;
+#else
   const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
+#endif
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
 #pragma unroll 1
@@ -374,8 +398,14 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
   static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
   static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
+#if AMK_ATTN_SHIFTS
+  const int G = V.C / NV, lg = amk_log2_pow2(G), R = AMK_WARP_SIZE >> lg;  // G: a power of two (wide rows)
+  const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
+  const int grp = lane >> lg, sub = lane & (G - 1), hd = V.hd, step = nw * R;
+#else
   const int G = V.C / NV, R = AMK_WARP_SIZE / G, lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
   const int grp = lane / G, sub = lane % G, hd = V.hd, step = nw * R;
+#endif
   const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
   const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
 #pragma unroll 1
