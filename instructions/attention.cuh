@@ -55,12 +55,14 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 // F16) and how the lanes of a warp share them: a lane holds AMK_KV_LANE floats of a row,
 // NV 16-byte vectors of VEC elements (chunk ch = sub + c * G, c < NV).
 #define AMK_KV_LANE 8
-// Experiment (eval/PERF_NOTES.md item 179, 0 = off): the K / V row geometry and the wide passes'
-// lane split by shifts and masks instead of divisions by values known only at run time, which
-// the partial's first K loads wait for (items 172 and 178 gained 0.5-1.9 % from that in the GEMV).
-// On, it spills in some builds (generic, asymmetric int8, int4 on sm_90; none in bf16 / bf16_ahead).
+// AMK_ATTN_SHIFTS: the K / V row geometry and the wide passes' lane split by shifts and masks
+// instead of divisions by values known only at run time, which the partial's first K loads wait
+// for (as items 172 and 178 found in the GEMV). On an H200 (eval/PERF_NOTES.md item 179): the 1B
+// -0.52 %, the SmolLM2 shape -0.09 %. On by default only in the float-weight builds without the
+// o-proj's combine prologue: ptxas then spills nothing on sm_80/90/120, where the quantized, the
+// combine and the every-dtype builds spilled 4-68 B with it (the #else keeps their code as it was).
 #ifndef AMK_ATTN_SHIFTS
-#define AMK_ATTN_SHIFTS 0
+#define AMK_ATTN_SHIFTS (((AMK_GEMV_WDTYPES) & 0x30) == 0 && !AMK_GEMV_COMBINE)
 #endif
 struct AmkKvRows {
   const AmkBuffer* b;
