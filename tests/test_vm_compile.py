@@ -524,6 +524,25 @@ def test_serial_load_waits_keep_the_inlined_call_chain():
     assert w["chain"] == (("arch_cuda.h", 154), ("gemv.cuh", 159), ("ops.cuh", 33))
 
 
+def test_integer_divisions_by_inlined_call_chain():
+    """A run-time integer division is nvcc's I2F[.U32].RP ... sequence: counted once, at the chain
+    of the source line it comes from (a float conversion or reciprocal alone is not one)."""
+    sass = ['\t//## File "/x/attention.cuh", line 73 inlined at "/x/attention.cuh", line 602',
+            '\t//## File "/x/attention.cuh", line 602',
+            "        /*0000*/   I2F.U32.RP R5, R4 ;   /* 0x0000000000000000 */",
+            "        /*0010*/   MUFU.RCP R5, R5 ;   /* 0x0000000000000000 */",
+            '\t//## File "/x/gemv.cuh", line 192',
+            "        /*0020*/   I2F.U32.RP R7, R6 ;   /* 0x0000000000000000 */",
+            "        /*0030*/   I2F.U32 R8, R6 ;   /* 0x0000000000000000 */",
+            "        /*0040*/   MUFU.RCP R9, R8 ;   /* 0x0000000000000000 */",
+            '\t//## File "/x/attention.cuh", line 73 inlined at "/x/attention.cuh", line 602',
+            '\t//## File "/x/attention.cuh", line 602',
+            "        /*0050*/   @!P0 I2F.RP R5, R4 ;   /* 0x0000000000000000 */",
+            "        /*0060*/   I2FP.F32.S32 R5, R4 ;   /* 0x0000000000000000 */"]
+    got = compile_check.integer_divisions("\n".join(sass))
+    assert got == {(("attention.cuh", 73), ("attention.cuh", 602)): 2, (("gemv.cuh", 192),): 1}
+
+
 def test_serial_load_waits_count_waits_behind_loads_just_issued():
     def ins(addr, text, **ctl):
         return [f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */",
@@ -564,3 +583,20 @@ def test_weight_rows_wait_only_for_loads_they_read(build):
     waits = compile_check.load_waits(90, compile_check.SPECIALIZED[build])
     serial = [w for w in waits if w["reads"] is False and "amk_w_at" not in w["functions"]]
     assert waits and not serial, serial
+
+
+# Functions whose run-time integer divisions were taken out of the way of a task's first loads
+# (eval/PERF_NOTES.md items 178 and 179: -0.5 to -1.2 % each): the quantized group mapping, the
+# attention partial's K / V row geometry and its wide passes' lane split. None may come back
+# into them (the float builds keep the older group mapping, never run: item 176).
+DIVISION_FREE = {"bf16_ahead": ("amk_kv_rows", "amk_attn_scores_wide", "amk_attn_pv_wide"),
+                 "int8": ("amk_group_of",)}
+
+
+@pytest.mark.parametrize("build", list(DIVISION_FREE))
+def test_no_run_time_division_ahead_of_first_loads(build):
+    if compile_check.nvcc_path() is None or compile_check.nvdisasm_path() is None:
+        pytest.skip("nvcc or nvdisasm not found")
+    sites = compile_check.division_sites(90, compile_check.SPECIALIZED[build])
+    found = [d for d in sites if d["functions"][0] in DIVISION_FREE[build]]
+    assert sites and not found, found

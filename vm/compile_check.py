@@ -7,6 +7,7 @@
                                               # code bytes, and which functions make them up
     python -m amk.vm.compile_check 90 --build int8 --loops 150   # the hot loops: instructions per byte
     python -m amk.vm.compile_check 90 --build bf16 --load-waits  # waits behind loads just issued
+    python -m amk.vm.compile_check 90 --build bf16 --divisions 20  # run-time integer divisions, by caller
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
 block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
@@ -161,6 +162,24 @@ def enclosing_functions(source: str) -> list[str]:
 _SASS_FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 
 
+def _inline_chains(disasm: str):
+    """(index, chain, line) for each line of nvdisasm --print-line-info[-inline] output that is
+    not a source mark: chain is the (file, line) of each inlined call level of the code the line
+    belongs to, the innermost first (one level from plain --print-line-info; --print-line-info-
+    inline prints one `//## File` mark a level, consecutively)."""
+    chain: list[tuple[str, int]] = [("?", 0)]
+    in_marks = False  # the previous line was a mark too: the same chain, one level out
+    for i, line in enumerate(disasm.splitlines()):
+        fl = _SASS_FILE_LINE.search(line)
+        if fl:
+            level = (Path(fl.group(1)).name, int(fl.group(2)))
+            chain = [*chain, level] if in_marks else [level]
+            in_marks = True
+            continue
+        in_marks = False
+        yield i, tuple(chain), line
+
+
 def instructions_by_source(disasm: str, sources: dict[str, str]) -> dict[tuple[str, str], int]:
     """Instruction counts per (file, enclosing function) from `nvdisasm --print-line-info`
     output; `sources` maps a file name to its text (files not in it count under their name)."""
@@ -290,17 +309,8 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
     lines = hex_disasm.splitlines()
     pending = [0] * 6
     regs: list[set[int]] = [set() for _ in range(6)]  # the registers the pending loads write
-    chain: list[tuple[str, int]] = [("?", 0)]
-    in_marks = False  # the previous line was a `//## File` mark too: the same chain, one level out
     out = []
-    for i, line in enumerate(lines):
-        fl = _SASS_FILE_LINE.search(line)
-        if fl:
-            level = (Path(fl.group(1)).name, int(fl.group(2)))
-            chain = [*chain, level] if in_marks else [level]
-            in_marks = True
-            continue
-        in_marks = False
+    for i, chain, line in _inline_chains(hex_disasm):
         where = chain[0]
         m = _SASS_OP.match(line)
         nxt = _SASS_HEX_WORD.search(lines[i + 1]) if m and i + 1 < len(lines) else None
@@ -313,7 +323,7 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
                 addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
                 reads = None if m.group(1) == "BRA" else bool(named & regs[b])  # a branch waits for its targets
                 out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b],
-                            "reads": reads, "chain": tuple(chain)})
+                            "reads": reads, "chain": chain})
                 pending[b], regs[b] = 0, set()
         dest = re.search(r"\bLDG\S*\.128\S*\s+R(\d+),", line)
         if dest and ctl["write_barrier"] is not None:
@@ -343,9 +353,39 @@ def load_waits(arch: int, defines: dict | None = None, root: Path | None = None,
     funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
     waits = serial_load_waits(_disassemble(arch, threads, defines, root, encoding=True, inlining=True))
     for w in waits:
-        w["functions"] = tuple(funcs[f][n - 1] if f in funcs and 0 < n <= len(funcs[f]) else "?"
-                               for f, n in w["chain"])
+        w["functions"] = _functions_of(w["chain"], funcs)
     return waits
+
+
+def _functions_of(chain: tuple[tuple[str, int], ...], funcs: dict[str, list[str]]) -> tuple[str, ...]:
+    """The enclosing function of each (file, line) of an inlined call chain (enclosing_functions
+    of each source in `funcs`), "?" where the line is not in them."""
+    return tuple(funcs[f][n - 1] if f in funcs and 0 < n <= len(funcs[f]) else "?" for f, n in chain)
+
+
+# nvcc's sequence for an integer division (or remainder) by a value known only at run time
+# begins with a round-up conversion of the divisor (I2F.RP signed, I2F.U32.RP unsigned), then a
+# MUFU.RCP: ~20 dependent instructions (64-bit ones: I2F.U64.RP, or a call)
+_SASS_INT_DIVISION = re.compile(r"\bI2F(?:\.U32|\.U64)?\.RP\b")
+
+
+def integer_divisions(disasm: str) -> Counter:
+    """Run-time integer divisions in nvdisasm --print-line-info[-inline] output, counted
+    by inlined call chain (innermost (file, line) first). One whose result the first loads'
+    addresses need delays them by more than its instructions (eval/PERF_NOTES.md items 172,
+    178-179: removing such divisions gained 0.5-1.9 %)."""
+    return Counter(chain for _, chain, line in _inline_chains(disasm)
+                   if _SASS_OP.match(line) and _SASS_INT_DIVISION.search(line))
+
+
+def division_sites(arch: int, defines: dict | None = None, root: Path | None = None,
+                   threads: int = DEFAULT_THREADS) -> list[dict]:
+    """integer_divisions of the megakernel for `arch`: one record a call chain, with `count` and
+    `functions` (the enclosing function of each level, innermost first), most divisions first."""
+    funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
+    counts = integer_divisions(_disassemble(arch, threads, defines, root, inlining=True))
+    return [{"chain": chain, "count": n, "functions": _functions_of(chain, funcs)}
+            for chain, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -410,6 +450,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--loops", type=int, default=0, metavar="N",
                     help="also print every loop of at least N instructions, its 16-byte global loads and its "
                          "most frequent opcodes (needs nvdisasm): instructions issued per byte streamed")
+    ap.add_argument("--divisions", type=int, metavar="N", default=0,
+                    help="also print the N inlined call chains with the most run-time integer divisions "
+                         "(needs nvdisasm): one ahead of a task's first loads delays them")
     ap.add_argument("--load-waits", action="store_true",
                     help="also print the source lines whose instructions wait on 16-byte loads issued since "
                          "that barrier's last wait (needs nvdisasm): a memory latency each, in program order; "
@@ -447,6 +490,12 @@ def main(argv: list[str]) -> int:
             per_byte = f"{lp['instructions'] / (16 * lp['loads16']):.2f} a byte" if lp["loads16"] else "no 16-byte loads"
             mix = ", ".join(f"{o} {n}" for o, n in list(lp["mix"].items())[:8])
             print(f"  {lp['label']}: {lp['instructions']} instructions, {lp['loads16']} 16-byte loads ({per_byte}); {mix}")
+    for arch in archs if a.divisions else ():
+        sites = division_sites(arch, defines, a.sources)
+        print(f"sm_{arch}{tag}: {sum(d['count'] for d in sites)} run-time integer divisions"
+              + (f"; the {min(a.divisions, len(sites))} call chains with the most:" if sites else ""))
+        for d in sites[:a.divisions]:
+            print(f"  {d['count']:4}  {_call_path(d['functions'])}  ({d['chain'][0][0]}:{d['chain'][0][1]})")
     for arch in archs if a.load_waits else ():
         waits = load_waits(arch, defines, a.sources)
         by_line = Counter((w["file"], w["line"]) for w in waits)
