@@ -571,32 +571,29 @@ def test_serial_load_waits_count_waits_behind_loads_just_issued():
         [(2, True), (1, False), (1, None)]
 
 
+# Functions whose run-time integer divisions were taken out of the way of a task's first loads
+# (eval/PERF_NOTES.md items 178 and 179: -0.5 to -1.2 % each): the quantized group mapping, the
+# attention partial's K / V row geometry and its wide passes' lane split. None may come back
+# into them (the float builds keep the older group mapping, never run: item 176).
+DIVISION_FREE = {"bf16_ahead": ("amk_kv_rows", "amk_attn_scores_wide", "amk_attn_pv_wide"),
+                 "int8_ahead": ("amk_group_of",)}
+
+
 @pytest.mark.parametrize("build", ["bf16", "int8", "bf16_ahead", "int8_ahead"])
 def test_weight_rows_wait_only_for_loads_they_read(build):
     """The sm_90 builds the benches run: no instruction waits on a barrier for 16-byte loads it
     does not read (eval/PERF_NOTES.md item 168: ptxas puts a lane's weight loads on one barrier,
     so loads issued ahead of a use of older ones make that use wait a memory latency), but in
     the scalar weight path (amk_w_at: a row's columns past its whole vectors, which no Llama
-    shape has, where the loads-ahead loop's next round is already out)."""
+    shape has, where the loads-ahead loop's next round is already out). In the same disassembly
+    (one compile: this is the suite's slowest kind of test), no run-time integer division in the
+    functions DIVISION_FREE names for the build."""
     if compile_check.nvcc_path() is None or compile_check.nvdisasm_path() is None:
         pytest.skip("nvcc or nvdisasm not found")
-    waits = compile_check.load_waits(90, compile_check.SPECIALIZED[build])
+    disasm = compile_check.chain_disassembly(90, compile_check.SPECIALIZED[build])
+    waits = compile_check.load_waits(90, disasm=disasm)
     serial = [w for w in waits if w["reads"] is False and "amk_w_at" not in w["functions"]]
     assert waits and not serial, serial
-
-
-# Functions whose run-time integer divisions were taken out of the way of a task's first loads
-# (eval/PERF_NOTES.md items 178 and 179: -0.5 to -1.2 % each): the quantized group mapping, the
-# attention partial's K / V row geometry and its wide passes' lane split. None may come back
-# into them (the float builds keep the older group mapping, never run: item 176).
-DIVISION_FREE = {"bf16_ahead": ("amk_kv_rows", "amk_attn_scores_wide", "amk_attn_pv_wide"),
-                 "int8": ("amk_group_of",)}
-
-
-@pytest.mark.parametrize("build", list(DIVISION_FREE))
-def test_no_run_time_division_ahead_of_first_loads(build):
-    if compile_check.nvcc_path() is None or compile_check.nvdisasm_path() is None:
-        pytest.skip("nvcc or nvdisasm not found")
-    sites = compile_check.division_sites(90, compile_check.SPECIALIZED[build])
-    found = [d for d in sites if d["functions"][0] in DIVISION_FREE[build]]
+    sites = compile_check.division_sites(90, disasm=disasm)
+    found = [d for d in sites if d["functions"][0] in DIVISION_FREE.get(build, ())]
     assert sites and not found, found

@@ -345,13 +345,20 @@ def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | No
     return instructions_by_source(_disassemble(arch, threads, defines, root), _source_texts(root))
 
 
+def chain_disassembly(arch: int, defines: dict | None = None, root: Path | None = None,
+                      threads: int = DEFAULT_THREADS) -> str:
+    """The megakernel's disassembly that load_waits and division_sites read (each instruction's
+    encoding, each source line's inlined call chain): one compile serves both."""
+    return _disassemble(arch, threads, defines, root, encoding=True, inlining=True)
+
+
 def load_waits(arch: int, defines: dict | None = None, root: Path | None = None,
-               threads: int = DEFAULT_THREADS) -> list[dict]:
-    """serial_load_waits of the megakernel for `arch`, each wait with `functions` too: the
-    enclosing function of each level of its inlined call chain, innermost first (so a wait in
-    the scalar weight path has amk_w_at among them)."""
+               threads: int = DEFAULT_THREADS, disasm: str | None = None) -> list[dict]:
+    """serial_load_waits of the megakernel for `arch` (or of `disasm`, its chain_disassembly),
+    each wait with `functions` too: the enclosing function of each level of its inlined call
+    chain, innermost first (so a wait in the scalar weight path has amk_w_at among them)."""
     funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
-    waits = serial_load_waits(_disassemble(arch, threads, defines, root, encoding=True, inlining=True))
+    waits = serial_load_waits(disasm or chain_disassembly(arch, defines, root, threads))
     for w in waits:
         w["functions"] = _functions_of(w["chain"], funcs)
     return waits
@@ -379,11 +386,12 @@ def integer_divisions(disasm: str) -> Counter:
 
 
 def division_sites(arch: int, defines: dict | None = None, root: Path | None = None,
-                   threads: int = DEFAULT_THREADS) -> list[dict]:
-    """integer_divisions of the megakernel for `arch`: one record a call chain, with `count` and
-    `functions` (the enclosing function of each level, innermost first), most divisions first."""
+                   threads: int = DEFAULT_THREADS, disasm: str | None = None) -> list[dict]:
+    """integer_divisions of the megakernel for `arch` (or of `disasm`, its chain_disassembly):
+    one record a call chain, with `count` and `functions` (the enclosing function of each
+    level, innermost first), most divisions first."""
     funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
-    counts = integer_divisions(_disassemble(arch, threads, defines, root, inlining=True))
+    counts = integer_divisions(disasm or chain_disassembly(arch, defines, root, threads))
     return [{"chain": chain, "count": n, "functions": _functions_of(chain, funcs)}
             for chain, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
