@@ -106,6 +106,10 @@ AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
          amk_round4(amk_gemv_epi_stage(t).words()) + (cs.splits > 0 ? amk_round4(amk_combine_smem_words(cs)) : 0);
 }
 
+// Quantized weight formats: codes with a scale (and, U4, a zero) per group of columns.
+template <int DT>
+constexpr bool amk_quant_w = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4;
+
 // One weight matrix of the task: rows x [k_lo, k_hi) plus its quantization companions.
 struct AmkGemvW {
   const AmkBuffer* wb;
@@ -235,14 +239,14 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
   // an I8 zero's term comes from whole 32-column chunks of the slice: the scalar path otherwise
   const bool chunks = DT != AMK_DTYPE_I8 || w.zb == nullptr || (w.k_lo % AMK_XSUM_CHUNK == 0 && K % AMK_XSUM_CHUNK == 0);
   return chunks && w.group % F::VEC == 0 && w.k_lo % F::VEC == 0 && amk_qcomp_dtype(w.sb) && amk_qcomp_dtype(w.zb) &&
-         amk_group_of<F::VEC, DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4>(w, K, grp);
+         amk_group_of<F::VEC, amk_quant_w<DT>>(w, K, grp);
 }
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
 // matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
 template <int DT, bool PAIR>
 struct AmkGemvUnroll {
-  static constexpr int base = (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
+  static constexpr int base = amk_quant_w<DT> ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
   static constexpr int value = PAIR && base > 1 ? base / 2 : base;
 };
 
@@ -280,7 +284,7 @@ AMK_DEVICE float amk_qvec(const amk_u32x4& raw, const float* xv, float xsum, flo
 template <int DT, class R>
 AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, float xsum, float sc, float z,
                                  R rot) {
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
+  if constexpr (amk_quant_w<DT>) {
     s += amk_qvec<DT>(w, xv, xsum, sc, z, rot);
   } else {
 #pragma unroll
@@ -320,7 +324,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
                                  AmkXPad xp, const float* xsums, int r, bool valid, int K, int L, int sub, float& a1,
                                  float& a2) {
   using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  constexpr bool Q = amk_quant_w<DT>, Z = DT == AMK_DTYPE_U4;
   constexpr bool ZI8 = AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8;  // (a weight without a zero reads 0)
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
   const int nvec = valid ? K / F::VEC : 0, xstride = F::VEC + xp.pad;  // x floats a vector takes
@@ -688,7 +692,7 @@ template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
                                     AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
   using F = AmkWFmt<DT>;
-  constexpr bool Q = DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4, Z = DT == AMK_DTYPE_U4;
+  constexpr bool Q = amk_quant_w<DT>, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
   // L is a power of two: a lane's row and place in it are a shift and a mask, where a division by
   // a value known only at run time is ~20 instructions ahead of the first weight load
@@ -778,7 +782,7 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_Q_MMA
-  if constexpr (DT == AMK_DTYPE_I8 || DT == AMK_DTYPE_U4) {
+  if constexpr (amk_quant_w<DT>) {
     if (amk_gemv_q_mma_takes_dt<DT>(w, w2, K)) {
       amk_gemv_rows_q_mma<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return;

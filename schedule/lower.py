@@ -755,8 +755,7 @@ class _Lowering:
         take that loop)."""
         if self.cfg.gemv_loads_ahead != "auto":
             return self.cfg.gemv_loads_ahead
-        weights = [b for b in self.buffers if b.kind == BufferKind.WEIGHT]
-        if any(b.dtype == DType.I8 and b.zero is not None for b in weights):
+        if any(b.kind == BufferKind.WEIGHT and b.dtype == DType.I8 and b.zero is not None for b in self.buffers):
             return False
         largest = self.largest_layer_task_bytes()
         return largest is not None and largest > SMALL_TASK_KB * 1024

@@ -338,6 +338,11 @@ def _source_texts(root: Path | None) -> dict[str, str]:
             if f.suffix in (".cu", ".cuh", ".h")}
 
 
+def _source_functions(root: Path | None) -> dict[str, list[str]]:
+    """enclosing_functions of each device source of the tree at `root`, by file name."""
+    return {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
+
+
 def code_by_source(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None = None,
                    root: Path | None = None) -> dict[tuple[str, str], int]:
     """Instructions of the megakernel per (source file, function): what makes the code large
@@ -357,7 +362,7 @@ def load_waits(arch: int, defines: dict | None = None, root: Path | None = None,
     """serial_load_waits of the megakernel for `arch` (or of `disasm`, its chain_disassembly),
     each wait with `functions` too: the enclosing function of each level of its inlined call
     chain, innermost first (so a wait in the scalar weight path has amk_w_at among them)."""
-    funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
+    funcs = _source_functions(root)
     waits = serial_load_waits(disasm or chain_disassembly(arch, defines, root, threads))
     for w in waits:
         w["functions"] = _functions_of(w["chain"], funcs)
@@ -390,7 +395,7 @@ def division_sites(arch: int, defines: dict | None = None, root: Path | None = N
     """integer_divisions of the megakernel for `arch` (or of `disasm`, its chain_disassembly):
     one record a call chain, with `count` and `functions` (the enclosing function of each
     level, innermost first), most divisions first."""
-    funcs = {name: enclosing_functions(text) for name, text in _source_texts(root).items()}
+    funcs = _source_functions(root)
     counts = integer_divisions(disasm or chain_disassembly(arch, defines, root, threads))
     return [{"chain": chain, "count": n, "functions": _functions_of(chain, funcs)}
             for chain, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
