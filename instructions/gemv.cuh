@@ -121,12 +121,6 @@ struct AmkGemvW {
   int group, g0, k_lo;  // scale column of slice column c: (k_lo + c) / group - g0
 };
 
-// Experiment (eval/PERF_NOTES.md item 181, 0 = off; built, not measured): every GEMV task runs
-// g0's run-time division (~27 instructions around a MUFU.RCP, twice for gate/up) in its prologue,
-// though a float weight's group is 1; with the define ptxas branches around it (same values).
-#ifndef AMK_GEMV_G0_BRANCH
-#define AMK_GEMV_G0_BRANCH 0
-#endif
 AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role_z) {
   AmkGemvW w;
   const AmkOperand& o = amk_in(c, role_w);
@@ -137,11 +131,9 @@ AMK_DEVICE AmkGemvW amk_gemv_w(const AmkCtx& c, int role_w, int role_s, int role
   w.soff = w.sstride = w.zoff = w.zstride = 0;
   w.group = w.wb->group > 0 ? w.wb->group : 1;
   w.k_lo = c.t->ip[AMK_P_K_LO];
-#if AMK_GEMV_G0_BRANCH
-  w.g0 = w.group > 1 ? w.k_lo / w.group : w.k_lo;  // float weights (group 1) branch around the division
-#else
-  w.g0 = w.k_lo / w.group;
-#endif
+  // Float weights (group 1) branch around the run-time division, ~27 instructions around a
+  // MUFU.RCP (twice for gate/up) in every GEMV prologue (PERF_NOTES item 181: 1B -0.35 %).
+  w.g0 = w.group > 1 ? w.k_lo / w.group : w.k_lo;
   if (amk_has(c, role_s)) {
     const AmkOperand& s = amk_in(c, role_s);
     w.sb = &amk_buf(c, s), w.soff = s.off, w.sstride = s.stride;
