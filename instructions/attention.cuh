@@ -336,15 +336,8 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
 // o[hb + hh] += the warps' partials wpart[w][hh] of a head block, summed in warp order.
 AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, int hd, int nw) {
   constexpr int HB = AMK_ATTN_HB;
-#if AMK_ATTN_NODIV
-  const float rhd = amk_div(1.0f, (float)hd);
-#endif
   for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
-#if AMK_ATTN_NODIV
-    const int hh = amk_quot_rcp(idx, rhd), d = idx - hh * hd;
-#else
     const int hh = idx / hd, d = idx - hh * hd;
-#endif
     if (hb + hh >= qh) continue;
     float s = 0.0f;
     for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
@@ -543,15 +536,8 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
       amk_attn_scores(K, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
       amk_syncthreads();
     }
-#if AMK_ATTN_NODIV
-    const float rtn = amk_div(1.0f, (float)tn);  // idx < qh * cap: shared memory keeps it < 2^21
-#endif
     for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
-#if AMK_ATTN_NODIV
-      const int h = amk_quot_rcp(idx, rtn), jj = idx - h * tn;
-#else
       const int h = idx / tn, jj = idx - h * tn;
-#endif
       cache[h * cap + jj] = amk_exp(amk_sub(cache[h * cap + jj], mh[h]));
     }
     amk_syncthreads();
@@ -572,19 +558,8 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 // ceil(ceil((pos+1)/splits)/block)*block rows).
 AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
   const int len = pos + 1;
-#if AMK_ATTN_NODIV
-  int per, chunk;
-  if (((splits & (splits - 1)) | (block & (block - 1))) == 0) {  // powers of two: the defaults
-    per = (len + splits - 1) >> amk_log2_pow2(splits);
-    chunk = (per + block - 1) & -block;
-  } else {
-    per = (len + splits - 1) / splits;
-    chunk = (per + block - 1) / block * block;
-  }
-#else
   const int per = (len + splits - 1) / splits;
   const int chunk = (per + block - 1) / block * block;
-#endif
   j0 = min(split * chunk, len);
   j1 = min(j0 + chunk, len);
 }
@@ -700,12 +675,7 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
   if (held) {
-#if AMK_ATTN_NODIV
-    const int h = amk_quot_rcp(i, amk_div(1.0f, (float)sh.hd));  // i < blockDim
-#else
-    const int h = i / sh.hd;
-#endif
-    if (i < n) amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, h), den[h]));
+    if (i < n) amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[i / sh.hd]));
     return;
   }
   const auto out = amk_combine_outputs(pb.ptr, po, wm, den, sh,

@@ -28,15 +28,8 @@ AMK_DEVICE void amk_combine_stage_ml(const AmkBuffer& mb, const AmkOperand& ml, 
 // Each split's weight exp(m - M) in place of m, and each head's denominator: a warp per head,
 // its lanes over the splits, a fixed reduction tree. An empty split (m = -inf) weighs 0.
 AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* ls, float* den) {
-#if AMK_ATTN_NODIV
-  const float rqh = amk_div(1.0f, (float)s.qh);
-#endif
   for (int h = amk_warp(); h < s.heads(); h += amk_nwarps()) {
-#if AMK_ATTN_NODIV
-    const int g = amk_quot_rcp(h, rqh), w0 = g * s.splits * s.qh + (h - g * s.qh);
-#else
     const int w0 = (h / s.qh) * s.splits * s.qh + h % s.qh;  // split s of head h: w0 + s * qh
-#endif
     float mx = amk_neg_inf();
     for (int k = amk_lane(); k < s.splits; k += AMK_WARP_SIZE) mx = fmaxf(mx, wm[w0 + k * s.qh]);
     mx = amk_warp_max(mx);
@@ -145,8 +138,8 @@ struct AmkCombineHeld {
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
       if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];
   }
-  // the splits of an output of head h, weighed
-  AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int h) const {
+  AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int i) const {
+    const int h = i / s.hd;
     float a = 0.0f;
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)

@@ -115,19 +115,6 @@ AMK_DEVICE float* amk_smem(const AmkCtx& c, long long words) {
   return c.smem;
 }
 
-// a / b for 0 <= a < 2^21 and b >= 1, given rb = amk_div(1, b) (correctly rounded): the true
-// (a + 0.5) / b is at least 0.5 / b from an integer, and the two roundings move it by at most
-// 2^-23 of itself (< 0.25 / b while a < 2^21), so the truncation is exact. ~4 instructions where the
-// integer division by a run-time b is ~27 around a MUFU.RCP that the next loads wait for.
-AMK_DEVICE int amk_quot_rcp(int a, float rb) { return (int)amk_mul(amk_add((float)a, 0.5f), rb); }
-
-// Experiment (eval/PERF_NOTES.md item 182, 0 = off): the attention partial's split bounds by
-// shifts (splits and block are powers of two in every lowering's default), its exp pass and P.V
-// warp sum, and the combine's head of an output by amk_quot_rcp instead of integer divisions.
-#ifndef AMK_ATTN_NODIV
-#define AMK_ATTN_NODIV 0
-#endif
-
 // ---------------------------------------------------------------- element access
 // Bits per element of a dtype (U4 4, I8 8, F16/BF16 16, F32/I32 32).
 AMK_DEVICE int amk_dtype_bits(int dt) {
