@@ -57,12 +57,19 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 #define AMK_KV_LANE 8
 // AMK_ATTN_SHIFTS: the K / V row geometry and the wide passes' lane split by shifts and masks
 // instead of divisions by values known only at run time, which the partial's first K loads wait
-// for (as items 172 and 178 found in the GEMV). On an H200 (eval/PERF_NOTES.md item 179): the 1B
-// -0.52 %, the SmolLM2 shape -0.09 %. On by default only in the float-weight builds without the
-// o-proj's combine prologue: ptxas then spills nothing on sm_80/90/120, where the quantized, the
-// combine and the every-dtype builds spilled 4-68 B with it (the #else keeps their code as it was).
+// for (as items 172 and 178 found in the GEMV). On an H200 (eval/PERF_NOTES.md items 179, 183):
+// the 1B -0.52 %, the 8B -0.53 %, the SmolLM2 shape -0.09 %, the int8 1B -1.34 %. On by default
+// where ptxas spills nothing with it: float and symmetric int8 weights without the o-proj's
+// combine prologue, int8 not on sm_80 (its loads-ahead build spills 24 B there). The int4, the
+// asymmetric int8, the combine and the every-dtype builds spilled 4-68 B with it (the #else keeps
+// their code as it was).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define AMK_ATTN_SHIFTS_NOT 0x30  // the weight dtypes that keep the divisions: I8, U4
+#else
+#define AMK_ATTN_SHIFTS_NOT 0x20  // U4
+#endif
 #ifndef AMK_ATTN_SHIFTS
-#define AMK_ATTN_SHIFTS (((AMK_GEMV_WDTYPES) & 0x30) == 0 && !AMK_GEMV_COMBINE)
+#define AMK_ATTN_SHIFTS (((AMK_GEMV_WDTYPES) & AMK_ATTN_SHIFTS_NOT) == 0 && !AMK_GEMV_I8_ZERO && !AMK_GEMV_COMBINE)
 #endif
 struct AmkKvRows {
   const AmkBuffer* b;
