@@ -55,21 +55,28 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 // F16) and how the lanes of a warp share them: a lane holds AMK_KV_LANE floats of a row,
 // NV 16-byte vectors of VEC elements (chunk ch = sub + c * G, c < NV).
 #define AMK_KV_LANE 8
-// AMK_ATTN_SHIFTS: the K / V row geometry and the wide passes' lane split by shifts and masks
-// instead of divisions by values known only at run time, which the partial's first K loads wait
-// for (as items 172 and 178 found in the GEMV). On an H200 (eval/PERF_NOTES.md items 179, 183):
-// the 1B -0.52 %, the 8B -0.53 %, the SmolLM2 shape -0.09 %, the int8 1B -1.34 %. On by default
-// where ptxas spills nothing with it: float and symmetric int8 weights without the o-proj's
-// combine prologue, int8 not on sm_80 (its loads-ahead build spills 24 B there). The int4, the
-// asymmetric int8, the combine and the every-dtype builds spilled 4-68 B with it (the #else keeps
-// their code as it was).
+// AMK_ATTN_SHIFTS: the K / V row geometry (AMK_ATTN_KV_SHIFTS) and the wide passes' lane split
+// by shifts and masks instead of divisions by values known only at run time, which the partial's
+// first K loads wait for (as items 172 and 178 found in the GEMV). On an H200 (eval/PERF_NOTES.md
+// items 179, 183, 184): the 1B -0.52 %, the 8B -0.53 %, the SmolLM2 shape -0.09 %, the int8 1B
+// -1.34 %; the row geometry's part alone, the int4 1B -2.24 %. On by default where ptxas spills
+// no more with it than without: float and symmetric int8 weights without the o-proj's combine
+// prologue, and the row geometry alone for int4 weights (sm_90's int4 loads-ahead build then
+// spills 8 B instead of 24), the quantized weights not on sm_80 (its int8 and int4 loads-ahead
+// builds spill 8-24 B more there). The asymmetric int8, the combine and the every-dtype builds
+// spilled 4-68 B with either part (the #else keeps their code as it was).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define AMK_ATTN_SHIFTS_NOT 0x30  // the weight dtypes that keep the divisions: I8, U4
+#define AMK_ATTN_SHIFTS_QUANT 0  // sm_80: the quantized builds keep the divisions
 #else
-#define AMK_ATTN_SHIFTS_NOT 0x20  // U4
+#define AMK_ATTN_SHIFTS_QUANT 1
 #endif
 #ifndef AMK_ATTN_SHIFTS
-#define AMK_ATTN_SHIFTS (((AMK_GEMV_WDTYPES) & AMK_ATTN_SHIFTS_NOT) == 0 && !AMK_GEMV_I8_ZERO && !AMK_GEMV_COMBINE)
+#define AMK_ATTN_SHIFTS \
+  (((AMK_GEMV_WDTYPES) & (AMK_ATTN_SHIFTS_QUANT ? 0x20 : 0x30)) == 0 && !AMK_GEMV_I8_ZERO && !AMK_GEMV_COMBINE)
+#endif
+#ifndef AMK_ATTN_KV_SHIFTS
+#define AMK_ATTN_KV_SHIFTS \
+  (AMK_ATTN_SHIFTS || (AMK_ATTN_SHIFTS_QUANT && ((AMK_GEMV_WDTYPES) & 0x30) == 0x20 && !AMK_GEMV_COMBINE))
 #endif
 struct AmkKvRows {
   const AmkBuffer* b;
@@ -84,7 +91,7 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
   AmkKvRows r;
   r.b = &b, r.off = o.off, r.width = b.width, r.hd = hd, r.dt = b.dtype;
   r.bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
-#if AMK_ATTN_SHIFTS
+#if AMK_ATTN_KV_SHIFTS
   const int lgv = b.dtype == AMK_DTYPE_F32 ? 2 : 3;  // VEC = 16 / bytes
   r.VEC = 1 << lgv;
   r.NV = AMK_KV_LANE >> lgv;
