@@ -78,6 +78,12 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 #define AMK_ATTN_KV_SHIFTS \
   (AMK_ATTN_SHIFTS || (AMK_ATTN_SHIFTS_QUANT && ((AMK_GEMV_WDTYPES) & 0x30) == 0x20 && !AMK_GEMV_COMBINE))
 #endif
+// Experiment (item 185, not measured): the wide P.V pass's part alone, which sm_90's int4 builds
+// take without more spill than the row geometry's (int4_ahead 8 B, int4 none; the wide scores
+// pass's part is what spills 20-68 B there).
+#ifndef AMK_ATTN_PV_SHIFTS
+#define AMK_ATTN_PV_SHIFTS AMK_ATTN_SHIFTS
+#endif
 struct AmkKvRows {
   const AmkBuffer* b;
   amk_i64 off, width;
@@ -414,7 +420,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
   static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
   static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
-#if AMK_ATTN_SHIFTS
+#if AMK_ATTN_PV_SHIFTS
   const int G = V.C / NV, lg = amk_log2_pow2(G), R = AMK_WARP_SIZE >> lg;  // G: a power of two (wide rows)
   const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
   const int grp = lane >> lg, sub = lane & (G - 1), hd = V.hd, step = nw * R;
