@@ -576,10 +576,23 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 
 // The cache rows [j0, j1) of one split at position pos (ir.AttnPartialParams: chunks of
 // ceil(ceil((pos+1)/splits)/block)*block rows).
+// Experiment (eval/PERF_NOTES.md item 186, 0 = off; built, not measured): the two divisions, which
+// run after pos arrives and before the partial's first K loads, by shifts where splits and block
+// are powers of two (16 and 16 in the default lowerings); item 182 had them together with
+// float-reciprocal quotients elsewhere, which lost.
+#ifndef AMK_ATTN_SPLIT_SHIFTS
+#define AMK_ATTN_SPLIT_SHIFTS 0
+#endif
 AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
   const int len = pos + 1;
+#if AMK_ATTN_SPLIT_SHIFTS
+  const bool pow2 = ((splits & (splits - 1)) | (block & (block - 1))) == 0;
+  const int per = pow2 ? (len + splits - 1) >> amk_log2_pow2(splits) : (len + splits - 1) / splits;
+  const int chunk = pow2 ? (per + block - 1) & -block : (per + block - 1) / block * block;
+#else
   const int per = (len + splits - 1) / splits;
   const int chunk = (per + block - 1) / block * block;
+#endif
   j0 = min(split * chunk, len);
   j1 = min(j0 + chunk, len);
 }
