@@ -84,6 +84,22 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 #ifndef AMK_ATTN_PV_SHIFTS
 #define AMK_ATTN_PV_SHIFTS AMK_ATTN_SHIFTS
 #endif
+// A warp's lanes G (a power of two: the wide passes' rows) to a row: R = WARP / G rows, and the
+// lane's row grp and place sub in it. SHIFTS: by a shift and a mask; else by the divisions that
+// the builds which spill with the shifts keep (AMK_ATTN_SHIFTS, AMK_ATTN_PV_SHIFTS).
+struct AmkLaneRows {
+  int R, grp, sub;
+};
+template <bool SHIFTS>
+AMK_DEVICE AmkLaneRows amk_lane_rows(int G, int lane) {
+  if constexpr (SHIFTS) {
+    const int lg = amk_log2_pow2(G);
+    return AmkLaneRows{AMK_WARP_SIZE >> lg, lane >> lg, lane & (G - 1)};
+  } else {
+    return AmkLaneRows{AMK_WARP_SIZE / G, lane / G, lane % G};
+  }
+}
+
 struct AmkKvRows {
   const AmkBuffer* b;
   amk_i64 off, width;
@@ -244,12 +260,9 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   constexpr int HB = AMK_ATTN_SCORE_HB;
-#if AMK_ATTN_SHIFTS
-  const int G = K.C / 4, lg = amk_log2_pow2(G), R = AMK_WARP_SIZE >> lg;  // G: a power of two (wide rows)
-  const int lane = amk_lane(), grp = lane >> lg, sub = lane & (G - 1), hd = K.hd;
-#else
-  const int G = K.C / 4, R = AMK_WARP_SIZE / G, lane = amk_lane(), grp = lane / G, sub = lane % G, hd = K.hd;
-#endif
+  const int G = K.C / 4, hd = K.hd;
+  const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_SHIFTS>(G, amk_lane());
+  const int R = lr.R, grp = lr.grp, sub = lr.sub;
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
 #pragma unroll 1
@@ -420,14 +433,9 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
   static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
   static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
-#if AMK_ATTN_PV_SHIFTS
-  const int G = V.C / NV, lg = amk_log2_pow2(G), R = AMK_WARP_SIZE >> lg;  // G: a power of two (wide rows)
-  const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
-  const int grp = lane >> lg, sub = lane & (G - 1), hd = V.hd, step = nw * R;
-#else
-  const int G = V.C / NV, R = AMK_WARP_SIZE / G, lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
-  const int grp = lane / G, sub = lane % G, hd = V.hd, step = nw * R;
-#endif
+  const int G = V.C / NV, lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
+  const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_PV_SHIFTS>(G, lane);
+  const int R = lr.R, grp = lr.grp, sub = lr.sub, hd = V.hd, step = nw * R;
   const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
   const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
 #pragma unroll 1
