@@ -370,7 +370,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
 AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, int hd, int nw) {
   constexpr int HB = AMK_ATTN_HB;
   for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
-    const int hh = idx / hd, d = idx - hh * hd;
+    const int hh = amk_quot<AMK_ATTN_HD_SHIFTS>(idx, hd), d = idx - hh * hd;
     if (hb + hh >= qh) continue;
     float s = 0.0f;
     for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
@@ -583,24 +583,15 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 }
 
 // The cache rows [j0, j1) of one split at position pos (ir.AttnPartialParams: chunks of
-// ceil(ceil((pos+1)/splits)/block)*block rows).
-// Experiment (eval/PERF_NOTES.md item 186, 0 = off; built, not measured): the two divisions, which
-// run after pos arrives and before the partial's first K loads, by shifts where splits and block
-// are powers of two (16 and 16 in the default lowerings); item 182 had them together with
-// float-reciprocal quotients elsewhere, which lost.
-#ifndef AMK_ATTN_SPLIT_SHIFTS
-#define AMK_ATTN_SPLIT_SHIFTS 0
-#endif
+// ceil(ceil((pos+1)/splits)/block)*block rows). Its two divisions run after pos arrives and
+// before the partial's first K loads, so where splits and block are powers of two (16 and 16 in
+// the default lowerings) they are shifts and a mask (eval/PERF_NOTES.md item 186: SmolLM2 shape
+// -0.89 %, 1B -0.35 %); the divisions otherwise.
 AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
   const int len = pos + 1;
-#if AMK_ATTN_SPLIT_SHIFTS
   const bool pow2 = ((splits & (splits - 1)) | (block & (block - 1))) == 0;
   const int per = pow2 ? (len + splits - 1) >> amk_log2_pow2(splits) : (len + splits - 1) / splits;
   const int chunk = pow2 ? (per + block - 1) & -block : (per + block - 1) / block * block;
-#else
-  const int per = (len + splits - 1) / splits;
-  const int chunk = (per + block - 1) / block * block;
-#endif
   j0 = min(split * chunk, len);
   j1 = min(j0 + chunk, len);
 }
@@ -716,7 +707,10 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
   if (held) {
-    if (i < n) amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[i / sh.hd]));
+    if (i < n) {
+      const int h = amk_quot<AMK_ATTN_HD_SHIFTS>(i, sh.hd);
+      amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[h]));
+    }
     return;
   }
   const auto out = amk_combine_outputs(pb.ptr, po, wm, den, sh,

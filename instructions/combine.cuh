@@ -29,7 +29,8 @@ AMK_DEVICE void amk_combine_stage_ml(const AmkBuffer& mb, const AmkOperand& ml, 
 // its lanes over the splits, a fixed reduction tree. An empty split (m = -inf) weighs 0.
 AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* ls, float* den) {
   for (int h = amk_warp(); h < s.heads(); h += amk_nwarps()) {
-    const int w0 = (h / s.qh) * s.splits * s.qh + h % s.qh;  // split s of head h: w0 + s * qh
+    const int g = amk_quot<AMK_ATTN_HD_SHIFTS>(h, s.qh);
+    const int w0 = g * s.splits * s.qh + (AMK_ATTN_HD_SHIFTS ? h - g * s.qh : h % s.qh);  // split s: w0 + s * qh
     float mx = amk_neg_inf();
     for (int k = amk_lane(); k < s.splits; k += AMK_WARP_SIZE) mx = fmaxf(mx, wm[w0 + k * s.qh]);
     mx = amk_warp_max(mx);
@@ -139,7 +140,7 @@ struct AmkCombineHeld {
       if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];
   }
   AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int i) const {
-    const int h = i / s.hd;
+    const int h = amk_quot<AMK_ATTN_HD_SHIFTS>(i, s.hd);
     float a = 0.0f;
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
