@@ -78,15 +78,9 @@ AMK_DEVICE float amk_order_unkey(int k) { return __int_as_float(k >= 0 ? k : k ^
 #define AMK_ATTN_KV_SHIFTS \
   (AMK_ATTN_SHIFTS || (AMK_ATTN_SHIFTS_QUANT && ((AMK_GEMV_WDTYPES) & 0x30) == 0x20 && !AMK_GEMV_COMBINE))
 #endif
-// Experiment (item 185, not measured): the wide P.V pass's part alone, which sm_90's int4 builds
-// take without more spill than the row geometry's (int4_ahead 8 B, int4 none; the wide scores
-// pass's part is what spills 20-68 B there).
-#ifndef AMK_ATTN_PV_SHIFTS
-#define AMK_ATTN_PV_SHIFTS AMK_ATTN_SHIFTS
-#endif
 // A warp's lanes G (a power of two: the wide passes' rows) to a row: R = WARP / G rows, and the
 // lane's row grp and place sub in it. SHIFTS: by a shift and a mask; else by the divisions that
-// the builds which spill with the shifts keep (AMK_ATTN_SHIFTS, AMK_ATTN_PV_SHIFTS).
+// the builds which spill with the shifts keep (AMK_ATTN_SHIFTS 0).
 struct AmkLaneRows {
   int R, grp, sub;
 };
@@ -370,7 +364,7 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
 AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, int hd, int nw) {
   constexpr int HB = AMK_ATTN_HB;
   for (int idx = threadIdx.x; idx < HB * hd; idx += blockDim.x) {
-    const int hh = amk_quot<AMK_ATTN_HD_SHIFTS>(idx, hd), d = idx - hh * hd;
+    const int hh = amk_quot(idx, hd), d = idx - hh * hd;
     if (hb + hh >= qh) continue;
     float s = 0.0f;
     for (int w = 0; w < nw; ++w) s += wpart[(w * HB + hh) * hd + d];
@@ -434,7 +428,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
   static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
   const int G = V.C / NV, lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps();
-  const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_PV_SHIFTS>(G, lane);
+  const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_SHIFTS>(G, lane);
   const int R = lr.R, grp = lr.grp, sub = lr.sub, hd = V.hd, step = nw * R;
   const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
   const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
@@ -708,7 +702,7 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   amk_trace_mark(c, 1);  // weights and denominators done
   if (held) {
     if (i < n) {
-      const int h = amk_quot<AMK_ATTN_HD_SHIFTS>(i, sh.hd);
+      const int h = amk_quot(i, sh.hd);
       amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[h]));
     }
     return;

@@ -29,8 +29,8 @@ AMK_DEVICE void amk_combine_stage_ml(const AmkBuffer& mb, const AmkOperand& ml, 
 // its lanes over the splits, a fixed reduction tree. An empty split (m = -inf) weighs 0.
 AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* ls, float* den) {
   for (int h = amk_warp(); h < s.heads(); h += amk_nwarps()) {
-    const int g = amk_quot<AMK_ATTN_HD_SHIFTS>(h, s.qh);
-    const int w0 = g * s.splits * s.qh + (AMK_ATTN_HD_SHIFTS ? h - g * s.qh : h % s.qh);  // split s: w0 + s * qh
+    const int g = amk_quot(h, s.qh);
+    const int w0 = g * s.splits * s.qh + (h - g * s.qh);  // split s of head h: w0 + s * qh
     float mx = amk_neg_inf();
     for (int k = amk_lane(); k < s.splits; k += AMK_WARP_SIZE) mx = fmaxf(mx, wm[w0 + k * s.qh]);
     mx = amk_warp_max(mx);
@@ -58,6 +58,22 @@ AMK_DEVICE void amk_combine_weights(AmkCombineShape s, float* wm, const float* l
 AMK_DEVICE amk_i64 amk_split_step(const AmkOperand& po, amk_i64 n) { return po.count <= 1 ? n : po.stride; }
 AMK_DEVICE bool amk_split_runs(const AmkOperand& po, amk_i64 n) { return po.count <= 1 || po.len == n; }
 
+// Output i's head h, its group g and the first of its split weights w0 (split k at w0 + k * qh).
+// Experiment (eval/PERF_NOTES.md item 188, 0 = off; built, not measured): QUOT takes amk_quot's
+// shifts for the quotients, which the split loads of ATTN_COMBINE's output loop wait for in the
+// quantized builds (no AMK_COMBINE_EARLY there).
+#ifndef AMK_COMBINE_QUOT
+#define AMK_COMBINE_QUOT 0
+#endif
+struct AmkCombineHead {
+  int h, g, w0;
+};
+template <bool QUOT>
+AMK_DEVICE AmkCombineHead amk_combine_head(AmkCombineShape s, int i) {
+  const int h = amk_quot<QUOT>(i, s.hd), g = amk_quot<QUOT>(h, s.qh);
+  return {h, g, g * s.splits * s.qh + (QUOT ? h - g * s.qh : h % s.qh)};
+}
+
 template <class Store>
 struct AmkCombineOutputs {
   amk_u64 ptr;
@@ -76,7 +92,8 @@ struct AmkCombineOutputs {
       return;
     }
     for (int i = threadIdx.x; i < s.heads() * s.hd; i += blockDim.x) {
-      const int h = i / s.hd, g = h / s.qh, w0 = g * s.splits * s.qh + h % s.qh;
+      const AmkCombineHead at = amk_combine_head<AMK_COMBINE_QUOT>(s, i);
+      const int h = at.h, g = at.g, w0 = at.w0;
       const amk_i64 base = po.off + i + g * (s.splits - 1) * n;
       const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
           s.splits, [&](int k) { return amk_load_as<DT>(ptr, runs ? base + k * step : amk_flat(po, k * n + i)); },
@@ -87,7 +104,8 @@ struct AmkCombineOutputs {
   // outputs i .. i + 3 (one head): the splits' 16-byte loads batched, each sum in split order
   AMK_DEVICE void sum4(int i, amk_i64 step) const {
     constexpr int U = AMK_SPLIT_SUM_UNROLL / 2;  // 16-byte loads in flight
-    const int h = i / s.hd, g = h / s.qh, w0 = g * s.splits * s.qh + h % s.qh;
+    const AmkCombineHead at = amk_combine_head<AMK_COMBINE_QUOT>(s, i);
+    const int h = at.h, g = at.g, w0 = at.w0;
     const float* base = (const float*)ptr + po.off + i + (amk_i64)g * (s.splits - 1) * s.qh * s.hd;
     float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 1
@@ -140,7 +158,7 @@ struct AmkCombineHeld {
       if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];
   }
   AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int i) const {
-    const int h = amk_quot<AMK_ATTN_HD_SHIFTS>(i, s.hd);
+    const int h = amk_quot(i, s.hd);
     float a = 0.0f;
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)

@@ -295,19 +295,14 @@ AMK_DEVICE bool amk_check_pos(const AmkCtx& c, int pos) {
 
 AMK_DEVICE int amk_lane() { return threadIdx.x % AMK_WARP_SIZE; }
 
-// a / b for a >= 0 and b > 0 known only at run time, warp-uniform: SHIFT takes a shift where b
-// is a power of two (the head dims of every lowering so far) and the division otherwise, one
-// branch; else the division (experiment AMK_ATTN_HD_SHIFTS, eval/PERF_NOTES.md item 187).
-template <bool SHIFT>
+// a / b for a >= 0 and b > 0 known only at run time, warp-uniform: a shift where b is a power of
+// two (the head dims of every lowering so far), the division otherwise, one branch. On a stage's
+// chain a run-time division costs more than its instructions (eval/PERF_NOTES.md items 186-187).
+template <bool SHIFT = true>
 AMK_DEVICE int amk_quot(int a, int b) {
   if constexpr (SHIFT) return (b & (b - 1)) == 0 ? a >> amk_log2_pow2(b) : a / b;
-  return a / b;
+  return a / b;  // SHIFT false: the plain division (an experiment's other arm)
 }
-// Experiment (item 187, 0 = off; built, not measured): the combine's and the P.V warp sum's
-// quotients by the head dim and the heads of a group (amk_quot<true>).
-#ifndef AMK_ATTN_HD_SHIFTS
-#define AMK_ATTN_HD_SHIFTS 0
-#endif
 AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
 AMK_DEVICE int amk_nwarps() { return blockDim.x / AMK_WARP_SIZE; }
 
