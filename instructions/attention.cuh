@@ -583,7 +583,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 // -0.89 %, 1B -0.35 %); the divisions otherwise.
 AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
   const int len = pos + 1;
-  const bool pow2 = ((splits & (splits - 1)) | (block & (block - 1))) == 0;
+  const bool pow2 = !AMK_QUOT_DIVIDE && ((splits & (splits - 1)) | (block & (block - 1))) == 0;
   const int per = pow2 ? (len + splits - 1) >> amk_log2_pow2(splits) : (len + splits - 1) / splits;
   const int chunk = pow2 ? (per + block - 1) & -block : (per + block - 1) / block * block;
   j0 = min(split * chunk, len);

@@ -298,9 +298,14 @@ AMK_DEVICE int amk_lane() { return threadIdx.x % AMK_WARP_SIZE; }
 // a / b for a >= 0 and b > 0 known only at run time, warp-uniform: a shift where b is a power of
 // two (the head dims of every lowering so far), the division otherwise, one branch. On a stage's
 // chain a run-time division costs more than its instructions (eval/PERF_NOTES.md items 186-187).
+// Diagnostic AMK_QUOT_DIVIDE=1: amk_quot and the attention split bounds divide, as before items
+// 186-187, to measure them in builds they were not measured in (item 188's quantized builds).
+#ifndef AMK_QUOT_DIVIDE
+#define AMK_QUOT_DIVIDE 0
+#endif
 template <bool SHIFT = true>
 AMK_DEVICE int amk_quot(int a, int b) {
-  if constexpr (SHIFT) return (b & (b - 1)) == 0 ? a >> amk_log2_pow2(b) : a / b;
+  if constexpr (SHIFT && !AMK_QUOT_DIVIDE) return (b & (b - 1)) == 0 ? a >> amk_log2_pow2(b) : a / b;
   return a / b;  // SHIFT false: the plain division (an experiment's other arm)
 }
 AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
