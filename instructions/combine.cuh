@@ -59,19 +59,14 @@ AMK_DEVICE amk_i64 amk_split_step(const AmkOperand& po, amk_i64 n) { return po.c
 AMK_DEVICE bool amk_split_runs(const AmkOperand& po, amk_i64 n) { return po.count <= 1 || po.len == n; }
 
 // Output i's head h, its group g and the first of its split weights w0 (split k at w0 + k * qh).
-// Experiment (eval/PERF_NOTES.md item 188, 0 = off; built, not measured): QUOT takes amk_quot's
-// shifts for the quotients, which the split loads of ATTN_COMBINE's output loop wait for in the
-// quantized builds (no AMK_COMBINE_EARLY there).
-#ifndef AMK_COMBINE_QUOT
-#define AMK_COMBINE_QUOT 0
-#endif
+// By divisions: their shifts (amk_quot) cost the int4 and int8 1B 0.4 % here (eval/PERF_NOTES.md
+// item 188, where this loop runs: the quantized builds' ATTN_COMBINE, without AMK_COMBINE_EARLY).
 struct AmkCombineHead {
   int h, g, w0;
 };
-template <bool QUOT>
 AMK_DEVICE AmkCombineHead amk_combine_head(AmkCombineShape s, int i) {
-  const int h = amk_quot<QUOT>(i, s.hd), g = amk_quot<QUOT>(h, s.qh);
-  return {h, g, g * s.splits * s.qh + (QUOT ? h - g * s.qh : h % s.qh)};
+  const int h = i / s.hd, g = h / s.qh;
+  return {h, g, g * s.splits * s.qh + h % s.qh};
 }
 
 template <class Store>
@@ -92,7 +87,7 @@ struct AmkCombineOutputs {
       return;
     }
     for (int i = threadIdx.x; i < s.heads() * s.hd; i += blockDim.x) {
-      const AmkCombineHead at = amk_combine_head<AMK_COMBINE_QUOT>(s, i);
+      const AmkCombineHead at = amk_combine_head(s, i);
       const int h = at.h, g = at.g, w0 = at.w0;
       const amk_i64 base = po.off + i + g * (s.splits - 1) * n;
       const float num = amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
@@ -104,7 +99,7 @@ struct AmkCombineOutputs {
   // outputs i .. i + 3 (one head): the splits' 16-byte loads batched, each sum in split order
   AMK_DEVICE void sum4(int i, amk_i64 step) const {
     constexpr int U = AMK_SPLIT_SUM_UNROLL / 2;  // 16-byte loads in flight
-    const AmkCombineHead at = amk_combine_head<AMK_COMBINE_QUOT>(s, i);
+    const AmkCombineHead at = amk_combine_head(s, i);
     const int h = at.h, g = at.g, w0 = at.w0;
     const float* base = (const float*)ptr + po.off + i + (amk_i64)g * (s.splits - 1) * s.qh * s.hd;
     float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -294,21 +294,23 @@ AMK_DEVICE bool amk_check_pos(const AmkCtx& c, int pos) {
 }
 
 AMK_DEVICE int amk_lane() { return threadIdx.x % AMK_WARP_SIZE; }
+AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
+AMK_DEVICE int amk_nwarps() { return blockDim.x / AMK_WARP_SIZE; }
 
+// AMK_QUOT_DIVIDE: amk_quot and the attention split bounds divide even by powers of two, as
+// before items 186-187 (which were measured on bf16 builds). On by default in builds with U4
+// weights (0x20): there the shifts cost the int4 1B 1.32 % (eval/PERF_NOTES.md item 189, paired
+// on an H200; not traced: the int4 builds are the ones at ptxas's register limit). The int8 1B
+// showed no difference in the one round measured.
+#ifndef AMK_QUOT_DIVIDE
+#define AMK_QUOT_DIVIDE (((AMK_GEMV_WDTYPES) & 0x20) != 0)
+#endif
 // a / b for a >= 0 and b > 0 known only at run time, warp-uniform: a shift where b is a power of
 // two (the head dims of every lowering so far), the division otherwise, one branch. On a stage's
 // chain a run-time division costs more than its instructions (eval/PERF_NOTES.md items 186-187).
-// Diagnostic AMK_QUOT_DIVIDE=1: amk_quot and the attention split bounds divide, as before items
-// 186-187, to measure them in builds they were not measured in (item 188's quantized builds).
-#ifndef AMK_QUOT_DIVIDE
-#define AMK_QUOT_DIVIDE 0
-#endif
-template <bool SHIFT = true>
 AMK_DEVICE int amk_quot(int a, int b) {
-  if constexpr (SHIFT && !AMK_QUOT_DIVIDE) return (b & (b - 1)) == 0 ? a >> amk_log2_pow2(b) : a / b;
-  return a / b;  // SHIFT false: the plain division (an experiment's other arm)
+  if constexpr (!AMK_QUOT_DIVIDE) return (b & (b - 1)) == 0 ? a >> amk_log2_pow2(b) : a / b;
+  return a / b;
 }
-AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
-AMK_DEVICE int amk_nwarps() { return blockDim.x / AMK_WARP_SIZE; }
 
 AMK_DEVICE float amk_silu(float x) { return amk_div(x, amk_add(1.0f, amk_exp(-x))); }

@@ -29,7 +29,7 @@ EMU_DIR = Path(__file__).resolve().parent / "emu"
 # in the form of the float-weight builds (4 heads a block; tests set AMK_ATTN_SCORE_HB to 3 or 1 for the others)
 EMU_FLAGS = ("-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
              "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", "-DAMK_ATTN_WIDE=1", "-DAMK_ATTN_PV_WIDE=1",
-             "-DAMK_ATTN_SCORE_HB=4")
+             "-DAMK_ATTN_SCORE_HB=4", "-DAMK_QUOT_DIVIDE=0")  # amk_quot's shifts, not its plain divisions
 _LIBS: dict[tuple, ctypes.CDLL] = {}  # by the defines of build()
 
 

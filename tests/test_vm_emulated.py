@@ -308,21 +308,19 @@ def test_hang_is_reported(emu):
     assert vm.epoch == 1  # reset after the failure
 
 
-@pytest.mark.parametrize("threads,quot", [(64, 0), (128, 0), (128, 1)])
-def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads, quot):
+@pytest.mark.parametrize("threads", [64, 128])
+def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
     """AMK_COMBINE_EARLY (eval/PERF_NOTES.md items 126 and 131) changes when the combine loads its
     splits, not what it sums: a build with it gives the same bits as one without, step after
     step (a four-warp block's 128 threads hold the combine's 2 heads x 64 outputs, one a thread:
-    the early loads; a two-warp block cannot, so it checks the fallback). quot: the build
-    without it takes the experiment AMK_COMBINE_QUOT (item 188), its output loop's quotients by
-    shifts."""
+    the early loads; a two-warp block cannot, so it checks the fallback)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", kv_capacity=16, max_queues=4, threads_per_block=threads,
                       kv_splits=2, kv_block=8)  # 16 steps: the second split has rows from position 8 on
     comb = [x.params for x in prog.tasks if x.op == Op.ATTN_COMBINE]
     assert comb and comb[0].splits == 2 and (comb[0].q_heads * comb[0].head_dim <= threads) == (threads == 128)
     defines = knob_defines(prog)
-    base = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 0, "AMK_COMBINE_QUOT": quot}))
+    base = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 0}))
     exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 1}))
     for pos, tok in enumerate(PROMPT * 2):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
