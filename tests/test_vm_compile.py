@@ -92,8 +92,10 @@ def test_nvcc_integer_conversion_unpack_within_the_spill_budget(build):
 # epilogue features and 4 element loads a batch to 294,912 B (item 81); AMK_COMBINE_EARLY's
 # early split loads 318,848 -> 320,384 B, measured faster (item 131); the GEMV's setup before its
 # wait (a second inlined copy of the wait and its L2 hints) -> 337,920 B, measured faster (item
-# 156). The budget catches a regrowth.
-CODE_BUDGET_SM90_BF16 = 342_000
+# 156); items 186-187's shifts where a divisor is a power of two (a branch each: ptxas keeps the
+# P.V warp sum's loop in two versions, 530 -> 1,054 instructions) -> 352,512 B, measured faster
+# (SmolLM2 shape -0.20 %, 1B -0.35 % for item 187's +11,776 B). The budget catches a regrowth.
+CODE_BUDGET_SM90_BF16 = 356_000
 
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4")),
