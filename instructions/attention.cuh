@@ -580,10 +580,15 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 // ceil(ceil((pos+1)/splits)/block)*block rows). Its two divisions run after pos arrives and
 // before the partial's first K loads, so where splits and block are powers of two (16 and 16 in
 // the default lowerings) they are shifts and a mask (eval/PERF_NOTES.md item 186: SmolLM2 shape
-// -0.89 %, 1B -0.35 %); the divisions otherwise.
+// -0.89 %, 1B -0.35 %); the divisions otherwise, and where AMK_SPLIT_DIVIDE (default
+// AMK_QUOT_DIVIDE, the int4 builds: item 189) says so. Its own define so that the two items can be
+// measured apart on int4.
+#ifndef AMK_SPLIT_DIVIDE
+#define AMK_SPLIT_DIVIDE AMK_QUOT_DIVIDE
+#endif
 AMK_DEVICE void amk_attn_split_rows(int pos, int splits, int split, int block, int& j0, int& j1) {
   const int len = pos + 1;
-  const bool pow2 = !AMK_QUOT_DIVIDE && ((splits & (splits - 1)) | (block & (block - 1))) == 0;
+  const bool pow2 = !AMK_SPLIT_DIVIDE && ((splits & (splits - 1)) | (block & (block - 1))) == 0;
   const int per = pow2 ? (len + splits - 1) >> amk_log2_pow2(splits) : (len + splits - 1) / splits;
   const int chunk = pow2 ? (per + block - 1) & -block : (per + block - 1) / block * block;
   j0 = min(split * chunk, len);
