@@ -601,3 +601,25 @@ def test_weight_rows_wait_only_for_loads_they_read(build):
     sites = compile_check.division_sites(90, disasm=disasm)
     found = [d for d in sites if d["functions"][0] in DIVISION_FREE.get(build, ())]
     assert sites and not found, found
+
+
+@pytest.mark.parametrize("build,divide", [("bf16", 0), ("bf16_ahead", 0), ("int8", 0), ("int8_ahead", 0),
+                                          ("int4", 1), ("int4_ahead", 1)])
+def test_quotients_by_shifts_where_measured_faster(tmp_path: Path, build, divide):
+    """amk_quot and the attention split bounds shift by powers of two in the builds where that
+    was measured faster (bf16: eval/PERF_NOTES.md items 186-187) and divide in those with U4
+    weights (item 189: the shifts cost the int4 1B 1.32 %). A float build that fell back to the
+    divisions would compute the same results, only slower, so no numerical test would notice."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found")
+    probe = tmp_path / "probe.cpp"
+    probe.write_text('#include "attention.cuh"\n'
+                     'static_assert(AMK_QUOT_DIVIDE == AMK_WANT_DIVIDE, "AMK_QUOT_DIVIDE");\n'
+                     'static_assert(AMK_SPLIT_DIVIDE == AMK_WANT_DIVIDE, "AMK_SPLIT_DIVIDE");\n')
+    defines = {**compile_check.SPECIALIZED[build], "AMK_WANT_DIVIDE": divide}
+    emu_dir = Path(__file__).resolve().parent / "emu"
+    cmd = [gxx, "-std=c++20", "-fsyntax-only", "-DAMK_ARCH_EMU", f"-I{emu_dir}", f"-I{VM_DIR}", f"-I{INS_DIR}",
+           *[f"-D{k}={v}" for k, v in defines.items()], str(probe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
