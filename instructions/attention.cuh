@@ -360,34 +360,6 @@ AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int
   }
 }
 
-// AMK_ATTN_EXP_INLINE: the P.V pass and the l sums compute each row's weight exp(t - m) from the
-// cached score where they use it, instead of a pass that overwrites the scores with the weights
-// between two barriers; the same values, summed in the same order (the same bits). Head h's
-// maximum m comes straight from its key (mkey, final after the score pass's barrier), so the
-// barrier after the maxima goes too.
-#ifndef AMK_ATTN_EXP_INLINE
-#define AMK_ATTN_EXP_INLINE 0
-#endif
-// The weight of cached row jj of head h: p holds the weights, or the scores (AMK_ATTN_EXP_INLINE)
-// with m the head's maximum.
-AMK_DEVICE float amk_attn_weight(const float* p, int cap, int h, int jj, float m) {
-  if constexpr (AMK_ATTN_EXP_INLINE) return amk_exp(amk_sub(p[h * cap + jj], m));
-  (void)m;
-  return p[h * cap + jj];
-}
-// A P.V pass's weight of row jj for head h, mv[] holding its head block's maxima where inline.
-#if AMK_ATTN_EXP_INLINE
-#define AMK_ATTN_WEIGHT(p, cap, h, jj) amk_attn_weight(p, cap, h, jj, mv[(h) - hb])
-#else
-#define AMK_ATTN_WEIGHT(p, cap, h, jj) (p)[(h) * (cap) + (jj)]
-#endif
-// Head h's maximum for amk_attn_weight (AMK_ATTN_EXP_INLINE; unused otherwise).
-AMK_DEVICE float amk_attn_weight_max(const int* mkey, int h) {
-  if constexpr (AMK_ATTN_EXP_INLINE) return amk_order_unkey(mkey[h]);
-  (void)mkey, (void)h;
-  return 0.0f;
-}
-
 // o[hb + hh] += the warps' partials wpart[w][hh] of a head block, summed in warp order.
 AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, int hd, int nw) {
   constexpr int HB = AMK_ATTN_HB;
@@ -450,8 +422,8 @@ AMK_DEVICE void amk_attn_pv_scatter(float* acc, int G, int lane, int& off, int& 
 // shuffles, where the split layout's butterfly of all values takes N log2(R) (at head_dim
 // 64: 24 shuffles a lane instead of 64). The warps' partials then go through shared memory
 // in order, as in the split layout (amk_attn_pv_warps).
-AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, const int* mkey, int cap, int jt, int tn, int qh,
-                                 float* o, float* wpart) {
+AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
+                                 float* wpart) {
   constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
   static_assert(NV == 1 || NV == 2 || NV == 4, "AMK_ATTN_PV_VECS: 1, 2 or 4 vectors (C / 4 lanes a row at most)");
   static_assert(32 * HB >= AMK_WARP_SIZE, "the reduce-scatter needs N >= R (up to warp size * NV / 4 groups)");
@@ -465,11 +437,6 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, const int* 
     float acc[N];
 #pragma unroll
     for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-#if AMK_ATTN_EXP_INLINE
-    float mv[HB];
-#pragma unroll
-    for (int hh = 0; hh < HB; ++hh) mv[hh] = amk_attn_weight_max(mkey, min(hb + hh, qh - 1));
-#endif
 #pragma unroll 1
     for (int rw = warp * R; rw < tn; rw += step * U) {  // warp-uniform: shuffles below are safe
       amk_u32x4 raw[U][NV];
@@ -487,7 +454,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, const int* 
         const int jj = rw + u * step + grp;
         float pw[HB];
 #pragma unroll
-        for (int hh = 0; hh < HB; ++hh) pw[hh] = jj < tn && hb + hh < qh ? AMK_ATTN_WEIGHT(p, cap, hb + hh, jj) : 0.0f;
+        for (int hh = 0; hh < HB; ++hh) pw[hh] = jj < tn && hb + hh < qh ? p[(hb + hh) * cap + jj] : 0.0f;
 #pragma unroll
         for (int c = 0; c < NV; ++c)
 #pragma unroll
@@ -514,10 +481,10 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, const int* 
 
 // o[h] += sum_{jj < tn} p[h * cap + jj] * v_{jt + jj} for every q head; all threads, ends
 // with a barrier. wpart: nwarps * HB * hd words of scratch.
-AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, const int* mkey, int cap, int jt, int tn, int qh,
-                            float* o, float* wpart) {
+AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
+                            float* wpart) {
 #if AMK_ATTN_PV_WIDE
-  if (amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)) return amk_attn_pv_wide(V, p, mkey, cap, jt, tn, qh, o, wpart);
+  if (amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)) return amk_attn_pv_wide(V, p, cap, jt, tn, qh, o, wpart);
 #endif
   constexpr int U = AMK_ATTN_UNROLL, HB = AMK_ATTN_HB;
   const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps(), grp = lane / V.G, sub = lane % V.G;
@@ -529,11 +496,6 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, const int* mkey,
     for (int hh = 0; hh < HB; ++hh)
 #pragma unroll
       for (int x = 0; x < AMK_KV_LANE; ++x) acc[hh][x] = 0.0f;
-#if AMK_ATTN_EXP_INLINE
-    float mv[HB];
-#pragma unroll
-    for (int hh = 0; hh < HB; ++hh) mv[hh] = amk_attn_weight_max(mkey, min(hb + hh, qh - 1));
-#endif
 #pragma unroll 1
     for (int rw = warp * V.R; rw < tn; rw += step * U) {
       float vf[U][AMK_KV_LANE];
@@ -547,7 +509,7 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, const int* mkey,
         const int jj = rw + u * step + grp;
 #pragma unroll
         for (int hh = 0; hh < HB; ++hh) {
-          const float pw = jj < tn && hb + hh < qh ? AMK_ATTN_WEIGHT(p, cap, hb + hh, jj) : 0.0f;
+          const float pw = jj < tn && hb + hh < qh ? p[(hb + hh) * cap + jj] : 0.0f;
 #pragma unroll
           for (int x = 0; x < AMK_KV_LANE; ++x) acc[hh][x] += pw * vf[u][x];
         }
@@ -611,7 +573,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
-  if (!AMK_ATTN_EXP_INLINE) amk_syncthreads();  // (inline: mh is read next by the thread that wrote it)
+  amk_syncthreads();
   amk_trace_mark(c, 1);  // scores and maxima done
 
   // pass 2: tiles of cap rows
@@ -622,24 +584,21 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
       amk_attn_scores(K, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
       amk_syncthreads();
     }
-    if (!AMK_ATTN_EXP_INLINE) {
-      for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
-        const int h = idx / tn, jj = idx - h * tn;
-        cache[h * cap + jj] = amk_exp(amk_sub(cache[h * cap + jj], mh[h]));
-      }
-      amk_syncthreads();
+    for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
+      const int h = idx / tn, jj = idx - h * tn;
+      cache[h * cap + jj] = amk_exp(amk_sub(cache[h * cap + jj], mh[h]));
     }
+    amk_syncthreads();
     for (int h = warp; h < qh; h += nw) {  // l: one warp per head, fixed order
-      const float m = amk_attn_weight_max(mkey, h);
       float s = 0.0f;
-      for (int jj = lane; jj < tn; jj += AMK_WARP_SIZE) s += amk_attn_weight(cache, cap, h, jj, m);
+      for (int jj = lane; jj < tn; jj += AMK_WARP_SIZE) s += cache[h * cap + jj];
       s = amk_warp_sum(s);
       if (lane == 0) lh[h] = amk_add(lh[h], s);
     }
 #if AMK_DIAG_PV_MARK
     amk_trace_mark(c, 2);  // diagnostic: exp and l done (the P.V pass follows)
 #endif
-    amk_attn_pv(V, cache, mkey, cap, jt, tn, qh, o, wpart);
+    amk_attn_pv(V, cache, cap, jt, tn, qh, o, wpart);
   }
 }
 
