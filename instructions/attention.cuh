@@ -537,38 +537,12 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
   }
 }
 
-// AMK_ATTN_V_PREFETCH = E > 0: before the score pass, each lane hints into L1 the first E rows of
-// its first round of the wide P.V pass (the tile from j0, tn rows), so that the pass's first V
-// loads hit L1 instead of taking an L2 round trip after the scores. No registers held (loading
-// them into registers instead tips the sm_90 builds into 40-60 B of spill); a hint cannot change
-// what a load returns, and the rows are this step's (the partial has waited for row pos).
-#ifndef AMK_ATTN_V_PREFETCH
-#define AMK_ATTN_V_PREFETCH 0
-#endif
-AMK_DEVICE void amk_attn_pv_prefetch(const AmkKvRows& V, int j0, int tn) {
-#if AMK_ATTN_PV_WIDE
-  if constexpr (AMK_ATTN_V_PREFETCH > 0) {
-    if (!amk_attn_wide_rows(V) || !AMK_WITH_DTYPE(V.dt)) return;
-    constexpr int NV = AMK_ATTN_PV_VECS, D = 8 * NV;
-    const int G = V.C / NV;
-    const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_SHIFTS>(G, amk_lane());
-    const int step = amk_nwarps() * lr.R, rw = amk_warp() * lr.R;
-    const char* row = (const char*)V.b->ptr + (V.off + (amk_i64)(j0 + lr.grp) * V.width + (amk_i64)lr.sub * D) * 2;
-#pragma unroll
-    for (int u = 0; u < AMK_ATTN_V_PREFETCH; ++u)
-      if (rw + u * step + lr.grp < tn) amk_prefetch_l1(row + (amk_i64)(rw + u * step) * V.width * 2);
-  }
-#endif
-  (void)V, (void)j0, (void)tn;
-}
-
 #ifndef AMK_DIAG_PV_MARK
 #define AMK_DIAG_PV_MARK 0  // trace diagnostic: mark 2 before the P.V pass instead of after it
 #endif
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
-  amk_attn_pv_prefetch(V, j0, min(cap, j1 - j0));
   // pass 1: scores, the maximum per head, the first cap scores cached
   amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
