@@ -581,8 +581,8 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 // before the partial's first K loads, so where splits and block are powers of two (16 and 16 in
 // the default lowerings) they are shifts and a mask (eval/PERF_NOTES.md item 186: SmolLM2 shape
 // -0.89 %, 1B -0.35 %); the divisions otherwise, and where AMK_SPLIT_DIVIDE (default
-// AMK_QUOT_DIVIDE, the int4 builds: item 189) says so. Its own define so that the two items can be
-// measured apart on int4.
+// AMK_QUOT_DIVIDE: the quantized builds, items 189-190) says so. Its own define, so that items 186
+// and 187 could be measured apart: on the int4 1B these shifts alone measured even (item 190).
 #ifndef AMK_SPLIT_DIVIDE
 #define AMK_SPLIT_DIVIDE AMK_QUOT_DIVIDE
 #endif

@@ -298,12 +298,13 @@ AMK_DEVICE int amk_warp() { return threadIdx.x / AMK_WARP_SIZE; }
 AMK_DEVICE int amk_nwarps() { return blockDim.x / AMK_WARP_SIZE; }
 
 // AMK_QUOT_DIVIDE: amk_quot and the attention split bounds divide even by powers of two, as
-// before items 186-187 (which were measured on bf16 builds). On by default in builds with U4
-// weights (0x20): there the shifts cost the int4 1B 1.32 % (eval/PERF_NOTES.md item 189, paired
-// on an H200; not traced: the int4 builds are the ones at ptxas's register limit). The int8 1B
-// showed no difference in the one round measured.
+// before items 186-187 (which were measured on bf16 builds). On by default in builds with I8 or
+// U4 weights (0x30): there the shifts cost the int4 1B 1.32 % and the int8 1B 0.24 %
+// (eval/PERF_NOTES.md items 189-190, paired on an H200; not traced: the quantized builds are the
+// ones at ptxas's register limit). On int4 the cost is amk_quot's part (item 187; +0.61 %), the
+// split bounds' shifts alone measured even.
 #ifndef AMK_QUOT_DIVIDE
-#define AMK_QUOT_DIVIDE (((AMK_GEMV_WDTYPES) & 0x20) != 0)
+#define AMK_QUOT_DIVIDE (((AMK_GEMV_WDTYPES) & 0x30) != 0)
 #endif
 // a / b for a >= 0 and b > 0 known only at run time, warp-uniform: a shift where b is a power of
 // two (the head dims of every lowering so far), the division otherwise, one branch. On a stage's
