@@ -606,11 +606,11 @@ def test_weight_rows_wait_only_for_loads_they_read(build):
 @pytest.mark.parametrize("build,divide", [("bf16", 0), ("bf16_ahead", 0), ("bf16_oslices", 0), ("int8", 1),
                                           ("int8_ahead", 1), ("int4", 1), ("int4_ahead", 1)])
 def test_quotients_by_shifts_where_measured_faster(tmp_path: Path, build, divide):
-    """amk_quot and the attention split bounds shift by powers of two in the builds where that
-    was measured faster (bf16: eval/PERF_NOTES.md items 186-187) and divide in those with I8 or U4
-    weights (items 189-190: the shifts cost the int4 1B 1.32 %, the int8 1B 0.24 %). A build that
-    took the other path would compute the same results, only slower, so no numerical test would
-    notice."""
+    """amk_quot and the attention split bounds shift by powers of two in the float-weight builds
+    (measured faster on bf16: eval/PERF_NOTES.md items 186-187; the o-proj-slices build follows its
+    dtype, unmeasured) and divide in those with I8 or U4 weights (items 189-190: the shifts cost the
+    int4 1B 1.32 %, the int8 1B 0.24 %). A build that took the other path would compute the same
+    results, only slower, so no numerical test would notice."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found")
