@@ -320,8 +320,8 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
 #endif
 
 // amk_attn_scores over the split layout: a lane holds AMK_KV_LANE floats of a row.
-AMK_DEVICE_ATTN_COLD void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
-                                         int qdt, int* mkey, float* cache, int cap) {
+AMK_DEVICE_ATTN_COLD void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh,
+                                                float scale, int qdt, int* mkey, float* cache, int cap) {
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
@@ -505,8 +505,8 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
 #else
 #define AMK_DEVICE_ATTN_PV_SPLIT AMK_DEVICE
 #endif
-AMK_DEVICE_ATTN_PV_SPLIT void amk_attn_pv_split(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh,
-                                         float* o, float* wpart) {
+AMK_DEVICE_ATTN_PV_SPLIT void amk_attn_pv_split(const AmkKvRows& V, const float* p, int cap, int jt, int tn,
+                                                int qh, float* o, float* wpart) {
   constexpr int U = AMK_ATTN_UNROLL, HB = AMK_ATTN_HB;
   const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps(), grp = lane / V.G, sub = lane % V.G;
   const int hd = V.hd, step = nw * V.R;
