@@ -739,7 +739,7 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   if (held) {
     if (i < n) {
       const int h = amk_quot(i, sh.hd);
-      amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, i), den[h]));
+      amk_store(yb, amk_flat(y, i), amk_div(splits_of_i.sum(wm, sh, h), den[h]));
     }
     return;
   }

@@ -152,8 +152,8 @@ struct AmkCombineHeld {
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
       if (k < s.splits) v[k] = ((const float*)ptr)[po.off + i + k * step];
   }
-  AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int i) const {
-    const int h = amk_quot(i, s.hd);
+  // (h: the output's head, amk_quot(i, s.hd), which the caller has for the denominator)
+  AMK_DEVICE float sum(const float* wm, AmkCombineShape s, int h) const {
     float a = 0.0f;
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)

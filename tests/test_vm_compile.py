@@ -611,7 +611,9 @@ def test_quotients_by_shifts_where_measured_faster(tmp_path: Path, build, divide
     dtype, unmeasured) and divide in those with I8 or U4 weights (items 189-190: the shifts cost the
     int4 1B 1.32 %, the int8 1B 0.24 %). A build that took the other path would compute the same
     results, only slower, so no numerical test would notice."""
-    gxx = shutil.which("g++")
+    from emu_vm import EMU_DIR, compiler  # (not its EMU_FLAGS: they set AMK_QUOT_DIVIDE=0 for every build)
+
+    gxx = compiler()
     if gxx is None:
         pytest.skip("g++ not found")
     probe = tmp_path / "probe.cpp"
@@ -619,8 +621,7 @@ def test_quotients_by_shifts_where_measured_faster(tmp_path: Path, build, divide
                      'static_assert(AMK_QUOT_DIVIDE == AMK_WANT_DIVIDE, "AMK_QUOT_DIVIDE");\n'
                      'static_assert(AMK_SPLIT_DIVIDE == AMK_WANT_DIVIDE, "AMK_SPLIT_DIVIDE");\n')
     defines = {**compile_check.SPECIALIZED[build], "AMK_WANT_DIVIDE": divide}
-    emu_dir = Path(__file__).resolve().parent / "emu"
-    cmd = [gxx, "-std=c++20", "-fsyntax-only", "-DAMK_ARCH_EMU", f"-I{emu_dir}", f"-I{VM_DIR}", f"-I{INS_DIR}",
+    cmd = [gxx, "-std=c++20", "-fsyntax-only", "-DAMK_ARCH_EMU", f"-I{EMU_DIR}", f"-I{VM_DIR}", f"-I{INS_DIR}",
            *[f"-D{k}={v}" for k, v in defines.items()], str(probe)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
