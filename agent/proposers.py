@@ -112,6 +112,7 @@ class SearchSpace:
             Dim("kv_splits", ("auto", *_pow2(1, MAX_KV_SPLITS))),
             Dim("kv_block", tuple(_pow2(8, 1024))),
             Dim("argmax_splits", ("auto", 1, 2, 4, 8, 16, 32)),
+            Dim("fuse_argmax", BOOL, ordered=False),
             Dim("sm_assignment", ("lpt", "round_robin"), ordered=False),
             Dim("blocks_per_sm", tuple(range(1, 9))),
             Dim("max_queues", (None, *queue_caps)),

@@ -160,6 +160,7 @@ def random_config(rng: random.Random) -> dict:
     slices, on = rng.choice([1, 2, 3, 4]), rng.random() < 0.5
     if on and cfg["split_k"] == 1 and cfg["fuse_norm"] and cfg["fuse_residual"] and not cfg["fuse_attn_combine"]:
         cfg["o_proj_kv_slices"] = slices
+    cfg["fuse_argmax"] = rng.random() < 0.5  # likewise (the LM head's tasks write the argmax pairs)
     return cfg
 
 

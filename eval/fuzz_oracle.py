@@ -320,7 +320,8 @@ def _contract(p, rin: list[str], rout: list[str], wbuf: Optional[ir.Buffer]) -> 
     if op in (Op.GEMV, Op.REDUCE):
         m = 2 if p.epilogue == Epilogue.SILU_MUL else 1
         want = {"bias": one(p.rows), "residual": one(p.rows), "head_gamma": one(p.head_dim),
-                "inv_freq": one(p.rows // 2), "pos": one(1), "y": one(p.rows), "partial": one(p.rows * m)}
+                "inv_freq": one(p.rows // 2), "pos": one(1), "y": one(p.rows), "partial": one(p.rows * m),
+                "pair": one(2)}
         if op == Op.REDUCE:
             want["partials"] = (p.rows * m, p.split_k, None)
             return want

@@ -22,6 +22,35 @@ AMK_DEVICE void amk_argmax_keep(float& best, int& bi, float v, int i) {
   if (i != AMK_ARGMAX_NONE && (bi == AMK_ARGMAX_NONE || amk_argmax_better(v, i, best, bi))) best = v, bi = i;
 }
 
+// (best, bi) becomes (val, i) where it beats it, for a thread that sees its indices in increasing
+// order: so an equal value never replaces the best. Take the first element (even -inf: all -inf
+// gives index 0, as torch), a larger value, or the first NaN. Selects, where the general
+// comparison branched per element: the op 32.3 -> 24.2 us (PERF_NOTES item 42).
+AMK_DEVICE void amk_argmax_take(float& best, int& bi, float val, int i) {
+  const bool take = bi == AMK_ARGMAX_NONE || val > best || (amk_isnan(val) && !amk_isnan(best));
+  best = take ? val : best;
+  bi = take ? i : bi;
+}
+
+// Every warp's best (best, bi) into red[warp], red_i[warp], then a barrier: all threads call it.
+AMK_DEVICE void amk_argmax_warps(float best, int bi, float* red, int* red_i) {
+#pragma unroll
+  for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) {
+    const float ov = amk_shfl_xor(best, m);
+    amk_argmax_keep(best, bi, ov, amk_shfl_xor_int(bi, m));
+  }
+  if (amk_lane() == 0) red[amk_warp()] = best, red_i[amk_warp()] = bi;
+  amk_syncthreads();
+}
+
+// Thread 0's, after amk_argmax_warps: the block's best into red[0], red_i[0].
+AMK_DEVICE void amk_argmax_of_warps(float* red, int* red_i) {
+  for (int w = 1; w < amk_nwarps(); ++w) amk_argmax_keep(red[0], red_i[0], red[w], red_i[w]);
+}
+
+// The index of amk_argmax_of_warps's best (0 where there was none).
+AMK_DEVICE int amk_argmax_found(const int* red_i) { return red_i[0] == AMK_ARGMAX_NONE ? 0 : red_i[0]; }
+
 // This thread's best over the 16-byte vectors of x[0:n) (x contiguous from element `off`);
 // returns how many leading elements the vectors covered (0 when x is not 16-byte aligned).
 // The winner does not depend on which thread saw which element: ties go to the lower index.
@@ -43,17 +72,7 @@ AMK_DEVICE int amk_argmax_vec(const AmkBuffer& xb, amk_i64 off, int n, float& be
       const int v = v0 + u * blockDim.x;
       if (v >= nvec) break;
 #pragma unroll
-      for (int j = 0; j < F::VEC; ++j) {
-        const float val = F::get(raw[u], j);
-        const int i = v * F::VEC + j;
-        // this thread scans its indices in increasing order, so an equal value never
-        // replaces the best: take the first element (even -inf: all -inf gives index 0, as
-        // torch), a larger value, or the first NaN. Selects, where the general comparison
-        // branched per element: the op 32.3 -> 24.2 us (PERF_NOTES item 42)
-        const bool take = bi == AMK_ARGMAX_NONE || val > best || (amk_isnan(val) && !amk_isnan(best));
-        best = take ? val : best;
-        bi = take ? i : bi;
-      }
+      for (int j = 0; j < F::VEC; ++j) amk_argmax_take(best, bi, F::get(raw[u], j), v * F::VEC + j);
     }
   }
   return nvec * F::VEC;
@@ -94,19 +113,13 @@ AMK_DEVICE void amk_op_argmax(const AmkCtx& c) {
     for (int i = done + threadIdx.x; i < n; i += blockDim.x) amk_argmax_keep(best, bi, amk_load(xb, amk_flat(x, i)), i);
   }
   amk_trace_mark(c, 0);  // thread 0's scan done
-#pragma unroll
-  for (int m = AMK_WARP_SIZE / 2; m > 0; m >>= 1) {
-    const float ov = amk_shfl_xor(best, m);
-    amk_argmax_keep(best, bi, ov, amk_shfl_xor_int(bi, m));
-  }
-  if (amk_lane() == 0) red[amk_warp()] = best, red_i[amk_warp()] = bi;
-  amk_syncthreads();
+  amk_argmax_warps(best, bi, red, red_i);
   amk_trace_mark(c, 1);  // every warp's best in
   if (threadIdx.x == 0) {
-    for (int w = 1; w < amk_nwarps(); ++w) amk_argmax_keep(red[0], red_i[0], red[w], red_i[w]);
+    amk_argmax_of_warps(red, red_i);
     const AmkOperand& y = t.out[0];
     const AmkBuffer& yb = amk_buf(c, y);
-    const int found = red_i[0] == AMK_ARGMAX_NONE ? 0 : red_i[0];
+    const int found = amk_argmax_found(red_i);
     if (mode == AMK_ARGMAXMODE_PARTIAL) {  // (max, base + index), exact in fp32 (base + n <= 2^24)
       amk_store(yb, amk_flat(y, 0), red[0]);
       amk_store(yb, amk_flat(y, 1), (float)(t.ip[AMK_P_ARGMAX_BASE] + found));

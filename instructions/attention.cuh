@@ -305,23 +305,9 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   }
 }
 
-// AMK_ATTN_OUTLINE (experiment, off; eval/PERF_NOTES.md item 194): the split-layout score and P.V
-// passes, which the loader's builds run only for rows the wide passes do not take (fp32 or
-// unaligned KV caches; none in the lowered Llama programs), as functions of their own, out of the
-// partial's hot code (as item 79 did for amk_flat's multi-run path). The split P.V pass stays
-// inline where it is the one that runs (no wide P.V pass: the U4 builds).
-#ifndef AMK_ATTN_OUTLINE
-#define AMK_ATTN_OUTLINE 0
-#endif
-#if AMK_ATTN_OUTLINE
-#define AMK_DEVICE_ATTN_COLD AMK_DEVICE_NOINLINE
-#else
-#define AMK_DEVICE_ATTN_COLD AMK_DEVICE
-#endif
-
 // amk_attn_scores over the split layout: a lane holds AMK_KV_LANE floats of a row.
-AMK_DEVICE_ATTN_COLD void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh,
-                                                float scale, int qdt, int* mkey, float* cache, int cap) {
+AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
+                                       int qdt, int* mkey, float* cache, int cap) {
   constexpr int U = AMK_ATTN_UNROLL;
   const int lane = amk_lane(), grp = lane / K.G, sub = lane % K.G, hd = K.hd;
   const int step = amk_nwarps() * K.R;
@@ -499,14 +485,9 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   }
 }
 
-// amk_attn_pv over the split layout; cold (AMK_ATTN_OUTLINE) only where a wide P.V pass exists.
-#if AMK_ATTN_PV_WIDE
-#define AMK_DEVICE_ATTN_PV_SPLIT AMK_DEVICE_ATTN_COLD
-#else
-#define AMK_DEVICE_ATTN_PV_SPLIT AMK_DEVICE
-#endif
-AMK_DEVICE_ATTN_PV_SPLIT void amk_attn_pv_split(const AmkKvRows& V, const float* p, int cap, int jt, int tn,
-                                                int qh, float* o, float* wpart) {
+// amk_attn_pv over the split layout.
+AMK_DEVICE void amk_attn_pv_split(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh,
+                                  float* o, float* wpart) {
   constexpr int U = AMK_ATTN_UNROLL, HB = AMK_ATTN_HB;
   const int lane = amk_lane(), warp = amk_warp(), nw = amk_nwarps(), grp = lane / V.G, sub = lane % V.G;
   const int hd = V.hd, step = nw * V.R;

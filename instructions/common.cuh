@@ -52,6 +52,11 @@
 #ifndef AMK_GEMV_PARTIALS
 #define AMK_GEMV_PARTIALS 0
 #endif
+// AMK_GEMV_ARGMAX 1: a GEMV may write its rows' argmax pair beside y (ir.GemvParams
+// argmax_pair_base, ScheduleConfig.fuse_argmax). Off unless the program has one (knob_defines).
+#ifndef AMK_GEMV_ARGMAX
+#define AMK_GEMV_ARGMAX 0
+#endif
 #define AMK_WITH_OP(op) ((((AMK_OPS) >> (op)) & 1) != 0)
 #define AMK_WITH_EPILOGUE(e) ((((AMK_EPILOGUES) >> (e)) & 1) != 0)
 

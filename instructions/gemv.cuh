@@ -98,12 +98,16 @@ AMK_DEVICE AmkCombineShape amk_gemv_combine(const AmkTask& t) {
   return AmkCombineShape{(t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO]) / (qh * hd), qh, hd, splits};
 }
 
+// Whether the task writes an argmax pair beside y (ir.GemvParams argmax_pair_base): its second output.
+AMK_DEVICE bool amk_gemv_has_pair(const AmkTask& t) { return AMK_GEMV_ARGMAX && t.n_out > 1 && t.ip[AMK_P_SPLIT_K] == 1; }
+
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];
   const AmkCombineShape cs = amk_gemv_combine(t);
   return amk_xs_words(k, amk_xpad_of(t)) + amk_round4((long long)t.ip[AMK_P_ROWS] * amk_row_width(t)) + AMK_WARP_SIZE +
          amk_round4(k / AMK_XSUM_CHUNK) + (t.ip[AMK_P_HAS_NORM] != 0 ? amk_round4(k) : 0) +  // .. | norm weights
-         amk_round4(amk_gemv_epi_stage(t).words()) + (cs.splits > 0 ? amk_round4(amk_combine_smem_words(cs)) : 0);
+         amk_round4(amk_gemv_epi_stage(t).words()) + (cs.splits > 0 ? amk_round4(amk_combine_smem_words(cs)) : 0) +
+         (amk_gemv_has_pair(t) ? 2 * AMK_WARP_SIZE : 0);  // .. | the argmax pair's reduction
 }
 
 // Quantized weight formats: codes with a scale (and, U4, a zero) per group of columns.
@@ -1002,7 +1006,11 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     const AmkBuffer& yb = amk_buf(c, y);
     for (int e = threadIdx.x; e < rows * m; e += blockDim.x) amk_store(yb, amk_flat(y, e), acc[e]);
   } else {
-    amk_epilogue(c, acc, rows, epi);
+    // (after the epilogue's operands and the combine's words, as amk_smem_gemv counts them)
+    float* pair_red = amk_gemv_has_pair(t) ? epi + amk_round4(es.words()) +
+                                                 (cs.splits > 0 ? amk_round4(amk_combine_smem_words(cs)) : 0)
+                                           : nullptr;
+    amk_epilogue(c, acc, rows, epi, pair_red);
 #if AMK_DIAG_TWICE
     amk_syncthreads();
     amk_trace_mark(c, 2);  // cold epilogue done

@@ -280,7 +280,8 @@ def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_sca
     sums instead, interleaved (r, j) at r*m + j (j=0 gate/plain, j=1 up). With the attention
     combine prologue (combine_splits > 0) x is ATTN_COMBINE of the partials (o, ml) of each
     KV head of [k_lo, k_hi), rounded by `x_rnd`. x_part / res_part: split-K partials that x /
-    the residual is read together with (`plus_partials`).
+    the residual is read together with (`plus_partials`). With argmax_pair_base: (y, the argmax
+    PARTIAL pair of y with that base).
 
     w/w2: fp32 [rows, klen], or quantized codes when w_scale is given (then `group`, the
     weight buffer's group size, is required)."""
@@ -305,8 +306,12 @@ def gemv(p: GemvParams, w: Tensor, x: Optional[Tensor] = None, gamma=None, w_sca
     acc_up = torch.mv(weight(w2, w2_scale, w2_zero), x) if p.epilogue == Epilogue.SILU_MUL else None
     if p.split_k > 1:
         return acc if acc_up is None else torch.stack([acc, acc_up], dim=-1).reshape(-1)
-    return epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos,
-                    rnd=rnd)
+    y = epilogue(p, acc, acc_up, bias=bias, residual=residual, head_gamma=head_gamma, inv_freq=inv_freq, pos=pos,
+                 rnd=rnd)
+    if p.argmax_pair_base is None:
+        return y
+    # the pair of the stored values (`rnd` is the rounding to y's dtype: STORE's y = rnd(acc))
+    return y, argmax(ArgmaxParams(n=p.rows, mode=ArgmaxMode.PARTIAL, base=p.argmax_pair_base), y)
 
 
 def reduce(p: ReduceParams, partials: Tensor, bias=None, residual=None, head_gamma=None, inv_freq=None,

@@ -67,6 +67,14 @@ class ScheduleConfig(BaseModel):
         "one slice per 8192 logits (one round of 16-byte loads per thread of a 256-thread block at "
         "16-bit logits), at most the queues.",
     )
+    fuse_argmax: bool = Field(
+        False,
+        description="Each LM head GEMV task's epilogue also writes the (max, first index) pair of the "
+        "logits it stores, and one MERGE task reduces those pairs to the token: the PARTIAL argmax "
+        "stage (argmax_splits) and its cross-SM hop go, for a block reduction in every LM head task "
+        "and a merge of one pair per LM head task. Not with split_k > 1 (a REDUCE finishes the "
+        "logits there; the PARTIAL stage stays).",
+    )
     kv_block: int = Field(
         16, ge=8, le=1024,
         description="Granularity (positions, a power of two) of an attention split's chunk: "

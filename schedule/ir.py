@@ -299,6 +299,12 @@ class GemvParams(_Frozen):
     outputs: [y]: rows values (KV_CACHE with kv=APPEND for ROPE_APPEND/APPEND), or, when
     split_k > 1, the partial sums of this K slice into scratch (len rows*m, m=2 for
     SILU_MUL), which a REDUCE task finishes; the epilogue extras then belong to REDUCE.
+      [pair]  F32, len 2                                     if argmax_pair_base is not None
+               (needs the STORE epilogue and split_k == 1): what an ARGMAX PARTIAL of the
+               stored y with base argmax_pair_base writes: (the largest stored value, NaN
+               maximal, argmax_pair_base + the first row holding it), exact in fp32 below
+               2^24. The LM head's tasks write them, so the MERGE follows the GEMV directly
+               (ScheduleConfig.fuse_argmax).
 
     Order of the epilogue on each finished row value a = acc (+ bias):
       STORE: y = a.  ADD: y = residual + a.  SILU_MUL: y = silu(a_gate) * a_up (each with
@@ -332,6 +338,7 @@ class GemvParams(_Frozen):
     combine_head_dim: int = 0
     x_partials: int = 0  # > 0: x is read as x + these split-K partials (see above)
     residual_partials: int = 0  # > 0: the residual is read as residual + these partials
+    argmax_pair_base: Optional[int] = None  # not None: the second output, y's argmax pair (see above)
 
 
 class ReduceParams(_Frozen):

@@ -150,6 +150,7 @@ class _Mat:
     head_gamma: Optional[Buffer] = None
     head_dim: int = 0
     gran: int = 1  # rows per slab must be a multiple (whole heads, or rope_rows runs, for RoPE)
+    argmax_pairs: bool = False  # each slab also writes its stored rows' argmax pair (split_k 1 only)
     one_unit_per_slab: bool = False  # each slab exactly `gran` rows (RoPE runs shorter than a head)
 
     @property
@@ -346,14 +347,15 @@ class _Lowering:
     # ------------------------------------------------------------------ GEMV stages
     def gemv_stage(self, name: str, mats: list[_Mat], x: Optional[Buffer], norm: Optional[Buffer],
                    counter_of: Optional[Callable[[str, int], int]] = None,
-                   combine: Optional["_Combine"] = None, x_part: Optional[Buffer] = None) -> None:
+                   combine: Optional["_Combine"] = None, x_part: Optional[Buffer] = None) -> Optional[Buffer]:
         """Row slabs of every matrix in `mats` (one counter), split-K partials + REDUCE
         when split_k > 1. `norm` is the RMSNorm gamma fused into the prologue, if any;
         `combine` (split_k 1 only) the attention partials that each task combines into x;
         `x_part` (with `norm`, split_k 1) split-K partials [n, k] that x is read with.
         `counter_of(role, r0)`, if given, splits the stage's output tasks over several
         counters (slabs with one key share one), so that a consumer of part of the output
-        waits only for the slabs that write it."""
+        waits only for the slabs that write it. Returns the argmax pairs [slabs, 2] that the
+        slabs of a matrix with `argmax_pairs` write (split_k 1 only; None otherwise)."""
         cfg = self.cfg
         counts = _allocate(self.slabs, mats)
         sk = cfg.split_k
@@ -361,6 +363,7 @@ class _Lowering:
         partial_groups: list[tuple[_Mat, list[tuple[int, int]], Optional[Buffer]]] = []
         direct: list[_Spec] = []  # one counter for the stage's GEMV (or partial) tasks
         keys: list[int] = []  # counter_of of each of them
+        pairs: Optional[Buffer] = None
         first_xcd = 0
         for m, n_slabs in zip(mats, counts, strict=True):
             slabs = self.row_slabs(m, n_slabs, first_xcd)
@@ -375,7 +378,10 @@ class _Lowering:
             scratch = None
             if sk > 1:
                 scratch = self.buf(f"splitk.{m.role}", BufferKind.SCRATCH, DType.F32, [sk, m.rows * m.width])
-            for r0, r1, xcd in slabs:
+            with_pairs = m.argmax_pairs and sk == 1
+            if with_pairs:
+                pairs = self.buf(f"{m.role}.argmax_pairs", BufferKind.SCRATCH, DType.F32, [len(slabs), 2])
+            for slab, (r0, r1, xcd) in enumerate(slabs):
                 rows = r1 - r0
                 for s, (k_lo, k_hi) in enumerate(ksl):
                     params = GemvParams(
@@ -385,6 +391,7 @@ class _Lowering:
                         unpack=cfg.quant_unpack if m.w.group else 0,
                         **(combine.params() if combine else {}),
                         x_partials=_parts(x_part), residual_partials=_parts(m.res_part),
+                        argmax_pair_base=r0 if with_pairs else None,
                     )
                     ins = [self.w_op(m.w, r0, rows, k_lo, k_hi)]
                     if combine:
@@ -401,7 +408,7 @@ class _Lowering:
                         ins += self.q_ops(m.w2, r0, rows, k_lo, k_hi)
                     if sk == 1:
                         ins += self.extras(m, r0, rows)
-                        outs = [m.y(r0, rows)]
+                        outs = [m.y(r0, rows)] + ([_op(pairs, 2 * slab, 2)] if with_pairs else [])
                     else:
                         R, w = m.rows * m.width, m.width
                         outs = [_op(scratch, s * R + r0 * w, rows * w)]
@@ -413,7 +420,7 @@ class _Lowering:
         # scratch buffer without gaps (validator `tile-gap`), and a per-slab set would not
         if sk == 1:
             self.groups_by_key(name, direct, keys)
-            return
+            return pairs
         self.group(f"{name}.partial", direct)
         reduce_specs, keys = [], []
         for m, slabs, scratch in partial_groups:
@@ -428,6 +435,7 @@ class _Lowering:
                 reduce_specs.append(_Spec(f"{name}.{m.role}[{r0}:{r1}].reduce", params, ins, [m.y(r0, rows)], xcd))
                 keys.append(counter_of(m.role, r0) if counter_of else 0)
         self.groups_by_key(f"{name}.reduce", reduce_specs, keys)
+        return None
 
     def groups_by_key(self, name: str, specs: list[_Spec], keys: list[int]) -> None:
         """One counter per distinct key (in order of first appearance), tasks in lowering
@@ -695,13 +703,20 @@ class _Lowering:
             head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head and self.quantizes(LM_HEAD_Q) else embed
         else:
             head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
-        self.gemv_stage(LM_HEAD_STAGE, [_Mat("lm_head", head, into(logits))], xin, gamma)
-        self.argmax(logits, next_token)
+        fuse = cfg.fuse_argmax and spec.vocab_size <= 1 << 24  # (a pair's index is fp32)
+        pairs = self.gemv_stage(LM_HEAD_STAGE, [_Mat("lm_head", head, into(logits), argmax_pairs=fuse)], xin, gamma)
+        self.argmax_fused = pairs is not None
+        self.argmax(logits, next_token, pairs)
         return self.program()
 
-    def argmax(self, logits: Buffer, token: Buffer) -> None:
+    def argmax(self, logits: Buffer, token: Buffer, pairs: Optional[Buffer] = None) -> None:
         """token = argmax(logits): one task, or PARTIAL tasks over slices (16-byte aligned for
-        the vector loads) and a MERGE of their (max, index) pairs."""
+        the vector loads) and a MERGE of their (max, index) pairs; with `pairs` (the LM head's
+        tasks wrote one each: fuse_argmax) the MERGE of those alone."""
+        if pairs is not None:
+            self.group("argmax", [_Spec("argmax.merge", ArgmaxParams(n=pairs.shape[0], mode=ArgmaxMode.MERGE),
+                                        [_whole(pairs)], [_whole(token)])])
+            return
         V, s = logits.numel, self.argmax_splits
         if s == 1:
             self.group("argmax", [_Spec("argmax", ArgmaxParams(n=V), [_whole(logits)], [_whole(token)])])
@@ -775,7 +790,8 @@ class _Lowering:
             "dtype": self.dtype.name,
             "config": cfg.model_dump(mode="json"),
             "resolved": {"queues": self.n_queues, "gemv_tasks_per_matrix": self.slabs, "kv_splits": self.kv_splits,
-                         "argmax_splits": self.argmax_splits, "xcds": self.xcds},
+                         "argmax_splits": self.argmax_splits, "fuse_argmax": self.argmax_fused,
+                         "xcds": self.xcds},
             "vm": {"prefetch_depth": self.prefetch_depth(), "prefetch_kb": cfg.prefetch_kb,
                    "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant, "poll_cap_ns": self.poll_cap_ns(),

@@ -72,7 +72,9 @@ def weight_input_roles(params, weight) -> list[str]:
 def output_roles(params) -> list[str]:
     op = params.op
     if op == Op.GEMV:
-        return ["partial"] if params.split_k > 1 else ["y"]
+        if params.split_k > 1:
+            return ["partial"]
+        return ["y", "pair"] if params.argmax_pair_base is not None else ["y"]
     return list(_FIXED_OUTPUTS[op])
 
 

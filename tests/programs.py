@@ -167,10 +167,11 @@ def quant_operands(b: Builder, w: Buffer, r0: int, rows: int, k_lo: int, k_hi: i
 
 # ----------------------------------------------------------------------------- programs
 def lm_head_program(vocab: int = 40, hidden: int = 24, *, tiles: int = 2, slabs: int = 3, queues: int = 3,
-                    eps: float = 1e-5, seed: int = 0, argmax_slices: int = 1):
+                    eps: float = 1e-5, seed: int = 0, argmax_slices: int = 1, head_pairs: bool = False):
     """token -> EMBED (column tiles) -> RMSNORM (tiles) -> GEMV (vocab slabs, tied table)
     -> logits, ARGMAX -> next_token (or PARTIAL argmaxes over `argmax_slices` slices of the
-    logits, whose pairs a MERGE reduces)."""
+    logits, whose pairs a MERGE reduces; or, `head_pairs`, each GEMV slab writes its rows' pair
+    and the MERGE follows the GEMVs)."""
     gen = torch.Generator().manual_seed(seed)
     b = Builder("lm_head", queues=queues)
     tok = b.buf("token", K.IO_INPUT, [1], DType.I32)
@@ -187,10 +188,17 @@ def lm_head_program(vocab: int = 40, hidden: int = 24, *, tiles: int = 2, slabs:
     for c0, w in parts(hidden, tiles):
         b.task(RmsNormParams(hidden=hidden, col=c0, eps=eps), [opd(x), opd(gamma, c0, w)], [opd(xn, c0, w)],
                stage=n, after=[e], name=f"norm[{c0}]")
-    for r0, rows in parts(vocab, slabs):
-        b.task(GemvParams(rows=rows, k=hidden, k_hi=hidden), [weight_tile(table, r0, rows, hidden, 0, hidden), opd(xn)],
-               [opd(logits, r0, rows)], stage=g, after=[n], name=f"head[{r0}]")
-    if argmax_slices == 1:
+    slab_rows = parts(vocab, slabs)
+    pairs = b.buf("head_pairs", K.SCRATCH, [len(slab_rows), 2]) if head_pairs else None
+    for i, (r0, rows) in enumerate(slab_rows):
+        b.task(GemvParams(rows=rows, k=hidden, k_hi=hidden, argmax_pair_base=r0 if head_pairs else None),
+               [weight_tile(table, r0, rows, hidden, 0, hidden), opd(xn)],
+               [opd(logits, r0, rows)] + ([opd(pairs, 2 * i, 2)] if head_pairs else []), stage=g, after=[n],
+               name=f"head[{r0}]")
+    if head_pairs:
+        b.task(ArgmaxParams(n=len(slab_rows), mode=ArgmaxMode.MERGE), [opd(pairs)], [opd(nxt)], stage=a, after=[g],
+               name="argmax_merge")
+    elif argmax_slices == 1:
         b.task(ArgmaxParams(n=vocab), [opd(logits)], [opd(nxt)], stage=a, after=[g], name="argmax")
     else:
         slices = parts(vocab, argmax_slices)

@@ -414,6 +414,7 @@ FIELD_CHANGES = {
     "kv_head_counters": ({}, dict(kv_head_counters=False)),
     "fuse_attn_combine": ({}, dict(fuse_attn_combine=True)),
     "o_proj_kv_slices": ({}, dict(o_proj_kv_slices=2)),
+    "fuse_argmax": ({}, dict(fuse_argmax=True)),
     "fuse_silu_mul": ({}, dict(fuse_silu_mul=False)),
     "quant": ({}, dict(quant="int8")),
     "quant_group": (dict(quant="int8"), dict(quant="int8", quant_group=32)),
@@ -594,6 +595,10 @@ E2E = [
     ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200, tied=True), dict(o_proj_kv_slices=1)),
     ("qwen2", dict(H=96, heads=6, kv=3, d=32, F=192, L=2, V=200),
      dict(o_proj_kv_slices=3, quant="int8", quant_group=32, fuse_silu_mul=False, gemv_tasks_per_matrix=3)),
+    # the LM head's tasks write the argmax pairs (a quantized tied head; split-K keeps the PARTIALs)
+    ("llama", dict(H=128, heads=4, kv=2, d=32, F=256, L=2, V=200, tied=True),
+     dict(fuse_argmax=True, quant="int8", quant_group=32, quant_lm_head=True)),
+    ("qwen2", dict(H=128, heads=4, kv=2, d=32, F=192, L=2, V=200), dict(fuse_argmax=True, split_k=2)),
 ]
 
 
@@ -816,6 +821,31 @@ def test_fuse_attn_combine_drops_the_combine_stage(kv_head_counters):
         assert len(layer0) == 1 and layer0 <= waited
     res = validate(p)
     assert res.accepted, res.summary()
+
+
+@pytest.mark.parametrize("quant", ["none", "int8"])
+def test_fuse_argmax_drops_the_partial_stage(quant):
+    """fuse_argmax: no PARTIAL argmax tasks; LM head task i writes its rows' pair into pairs[i]
+    with its first row as the index base, and one MERGE reads every pair after the whole LM head
+    stage (quantized head too). With split_k > 1 the PARTIALs stay (a REDUCE finishes the logits)."""
+    spec = ZOO["gqa"]
+    cfg = dict(gemv_tasks_per_matrix=5, argmax_splits=3, quant=quant, quant_lm_head=quant != "none")
+    p = lower(spec, cfg_of(fuse_argmax=True, **cfg), H100, kv_capacity=16)
+    assert p.meta["resolved"]["fuse_argmax"]
+    argmax = [t for t in p.tasks if t.op == Op.ARGMAX]
+    assert [t.params.mode for t in argmax] == [ArgmaxMode.MERGE]
+    head = sorted((t for t in p.tasks if t.name.startswith("lm_head.")), key=lambda t: t.outputs[0].off)
+    assert len(head) == 5 and argmax[0].params.n == 5
+    pairs = p.buffers[argmax[0].inputs[0].buf]
+    for i, t in enumerate(head):
+        assert t.params.argmax_pair_base == t.outputs[0].off
+        assert (t.outputs[1].buf, t.outputs[1].off, t.outputs[1].len) == (pairs.id, 2 * i, 2)
+    assert {w.counter for w in argmax[0].waits} == {head[0].out_counter}
+    assert validate(p).accepted
+    split = lower(spec, cfg_of(fuse_argmax=True, split_k=2, **cfg), H100, kv_capacity=16)
+    assert not split.meta["resolved"]["fuse_argmax"]
+    assert sum(t.op == Op.ARGMAX for t in split.tasks) == 3 + 1
+    assert all(t.params.argmax_pair_base is None for t in split.tasks if t.op == Op.GEMV)
 
 
 @pytest.mark.parametrize("slices", [1, 2])

@@ -606,6 +606,33 @@ def test_argmax_slices_rules():
         assert want <= _checks(bad), (name, change)
 
 
+def test_gemv_argmax_pair_rules():
+    """The LM head's GEMV tasks writing their rows' argmax pair (GemvParams argmax_pair_base, a
+    second output of two F32s) and the MERGE of those pairs: accepted by both paths as built;
+    rejected by name when an index would not be fp32-exact, the epilogue is not STORE or split-K
+    holds it, the pair is missing, too long, not one run or goes to an integer buffer, or the MERGE
+    reads before the pairs' writers have all signalled."""
+    prog, _ = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, head_pairs=True)
+    assert validate(prog).accepted and _agree(prog)
+    d = prog.model_dump(mode="json")
+    token = _buf(d, "next_token")["id"]
+    for name, change, want in [
+            ("head[2571]", lambda t: t["params"].update(argmax_pair_base=(1 << 24) - 10), {"params"}),
+            ("head[2571]", lambda t: t["params"].update(argmax_pair_base=-1), {"params"}),
+            ("head[0]", lambda t: t["params"].update(epilogue=int(ir.Epilogue.ADD)), {"arity"}),  # (no residual)
+            ("head[0]", lambda t: (t["params"].update(split_k=2, k_hi=16), t["outputs"].pop()), {"params"}),
+            ("head[0]", lambda t: t["outputs"].pop(), {"arity"}),
+            ("head[0]", lambda t: t["outputs"][1].update(len=3), {"params"}),
+            ("head[0]", lambda t: t["outputs"][1].update(len=1, count=2, stride=2), {"params"}),  # (one run: the device's store)
+            ("head[0]", lambda t: t["outputs"][1].update(buf=token, off=0, len=1), {"dtype", "params"}),
+            ("argmax_merge", lambda t: t["waits"][0].update(threshold=6), {"partial-wait"})]:
+        bad = json.loads(json.dumps(d))
+        change(_task(bad, name))
+        got = _checks(bad)
+        assert want <= got, (name, got)
+        assert not _agree(ir.Program.model_validate(bad))
+
+
 def test_paths_agree_on_asymmetric_int8():
     """I8 weights with a zero companion (ScheduleConfig.quant_asym): the zero is an operand role
     of their GEMVs (`opspec.quant_roles`), both paths accept the lowering, and both reject a zero

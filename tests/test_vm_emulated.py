@@ -56,11 +56,12 @@ def test_embed_rmsnorm_gemv_argmax(emu):
     run_both(emu, *lm_head_program(vocab=300, hidden=96, tiles=3, slabs=5), [(0, 0), (7, 0), (299, 0)])
 
 
-@pytest.mark.parametrize("slices", [1, 4, 300])
+@pytest.mark.parametrize("slices", [1, 4, 300, 0])
 @pytest.mark.parametrize("case", list(ARGMAX_CASES))
 def test_argmax_ties_and_nan(emu, case, slices):
     """The first of several equal largest logits, or the first NaN, as torch.argmax; the same
-    from PARTIAL argmaxes over slices and their MERGE."""
+    from PARTIAL argmaxes over slices and their MERGE, and (slices 0) from the pairs that the LM
+    head's GEMV tasks write."""
     prog, t = argmax_program(case, slices)
     ref, _ = run_both(emu, prog, t, [(ARGMAX_TOKEN, 0)])
     ties, nans = ARGMAX_CASES[case]
@@ -194,6 +195,9 @@ def test_tiny_model(emu, family):
                                  # the o-proj in K slices of KV heads, their sums read with x by the MLP
                                  dict(o_proj_kv_slices=2, gemv_tasks_per_matrix=3),
                                  dict(o_proj_kv_slices=1, quant="int8", quant_group=32, fuse_silu_mul=False),
+                                 # the LM head's tasks write the argmax pairs: float, and a quantized head
+                                 dict(fuse_argmax=True, gemv_tasks_per_matrix=3),
+                                 dict(fuse_argmax=True, quant="int8", quant_group=32, quant_lm_head=True),
                                  # asymmetric int8 (a zero a group): the gate/up pair, then split-K partials
                                  # and standalone GEMVs with the quantized LM head
                                  dict(quant="int8", quant_group=32, quant_asym=True),

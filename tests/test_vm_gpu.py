@@ -64,11 +64,12 @@ def test_embed_rmsnorm_gemv_argmax():
     run_both(cuda_vm, prog, t, [(0, 0), (7, 0), (299, 0), (123, 0)])
 
 
-@pytest.mark.parametrize("slices", [1, 4, 300])
+@pytest.mark.parametrize("slices", [1, 4, 300, 0])
 @pytest.mark.parametrize("case", list(ARGMAX_CASES))
 def test_argmax_ties_and_nan(case, slices):
     """The first of several equal largest logits, or the first NaN, as torch.argmax; the same
-    from PARTIAL argmaxes over slices and their MERGE."""
+    from PARTIAL argmaxes over slices and their MERGE, and (slices 0) from the pairs that the LM
+    head's GEMV tasks write."""
     prog, t = argmax_program(case, slices)
     ref, _ = run_both(cuda_vm, prog, t, [(ARGMAX_TOKEN, 0)])
     ties, nans = ARGMAX_CASES[case]

@@ -126,8 +126,11 @@ ARGMAX_CASES = {"ties": ([2999, 1234, 2085, 37, 600, 2597], None), "nan": ([2999
 def argmax_program(case: str, slices: int = 1):
     """The case's table; `slices` > 1: PARTIAL argmaxes over that many slices (4: the tied and
     NaN rows fall in different slices, and 37 and 600 in one; 300: slices of 10, so the MERGE's
-    thread 3 holds pairs 3 and 259, both tied: 37 and 2597) and their MERGE."""
-    prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, argmax_slices=slices)
+    thread 3 holds pairs 3 and 259, both tied: 37 and 2597) and their MERGE; 0: the LM head's 7
+    GEMV slabs write the pairs (fuse_argmax; ties in slabs 0, 1, 2, 4 and two in 6: 2597 and 2999;
+    the NaNs 901 and 1925 in slabs 2 and 4)."""
+    prog, t = lm_head_program(vocab=3000, hidden=32, tiles=2, slabs=7, argmax_slices=max(slices, 1),
+                              head_pairs=slices == 0)
     table = t["embed"].clone()
     ties, nans = ARGMAX_CASES[case]
     table[ties] = 10 * table[ARGMAX_TOKEN]
@@ -232,5 +235,8 @@ LOWERED = {
     "llama-gqa-tied/o_proj_kv_slices": dict(o_proj_kv_slices=2, gemv_tasks_per_matrix=3),
     "smollm2-like/o_proj_kv_slices": dict(kv_splits=4, o_proj_kv_slices=3),
     "llama-gqa-tied/o_proj_kv_slices_int4": dict(o_proj_kv_slices=2, quant="int4", quant_group=32),
+    # the LM head's tasks write the argmax pairs, merged without a PARTIAL stage (PERF_NOTES item 195)
+    "llama-gqa-tied/fuse_argmax": dict(fuse_argmax=True, gemv_tasks_per_matrix=3),
+    "smollm2-like/fuse_argmax_int8": dict(kv_splits=4, fuse_argmax=True, quant="int8", quant_lm_head=True),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]

@@ -107,7 +107,7 @@ ROLE_CODE = {r: i for i, r in enumerate(ROLES)}
 PARAM_INDEX = {
     "P_ROWS": 0, "P_EPILOGUE": 1, "P_HAS_BIAS": 2, "P_HEAD_DIM": 3, "P_HAS_HEAD_NORM": 4, "P_SPLIT_K": 5,
     "P_K": 6, "P_K_LO": 7, "P_K_HI": 8, "P_HAS_NORM": 9, "P_UNPACK": 10, "P_X_PAD": 11,
-    "P_COMBINE_SPLITS": 12, "P_COMBINE_Q_HEADS": 13, "P_COMBINE_HEAD_DIM": 14,
+    "P_COMBINE_SPLITS": 12, "P_COMBINE_Q_HEADS": 13, "P_COMBINE_HEAD_DIM": 14, "P_ARGMAX_PAIR_BASE": 15,
     "F_HEAD_NORM_EPS": 0, "F_NORM_EPS": 1,
     "P_EMBED_VOCAB": 0, "P_EMBED_HIDDEN": 1,
     "P_NORM_HIDDEN": 0, "P_NORM_COL": 1, "F_NORM_EPS_RMS": 0,
@@ -169,6 +169,7 @@ def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shif
             ip[_P("P_X_PAD")] = x_pad_shift
             ip[_P("P_COMBINE_SPLITS")], ip[_P("P_COMBINE_Q_HEADS")] = p.combine_splits, p.combine_q_heads
             ip[_P("P_COMBINE_HEAD_DIM")] = p.combine_head_dim
+            ip[_P("P_ARGMAX_PAIR_BASE")] = -1 if p.argmax_pair_base is None else p.argmax_pair_base
             fp[_P("F_NORM_EPS")] = p.norm_eps or 0.0
     elif op == Op.EMBED:
         ip[_P("P_EMBED_VOCAB")], ip[_P("P_EMBED_HIDDEN")] = p.vocab, p.hidden
@@ -241,8 +242,9 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
         if p.combine_splits > 0:
             heads = k // p.combine_head_dim
             combine = r4(2 * heads * p.combine_splits + heads)
+        pair = 2 * WARP if p.argmax_pair_base is not None and p.split_k == 1 else 0  # | the argmax pair's reduction
         return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
-                + r4(epilogue_staged_words(p)) + combine)
+                + r4(epilogue_staged_words(p)) + combine + pair)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
@@ -405,7 +407,8 @@ def knob_defines(program: Program) -> dict[str, int]:
     strategy of its quantized GEMVs (params.unpack; 0 leaves the default). One build serves
     every task, so the quantized GEMVs must agree on it. AMK_GEMV_COMBINE 1 where a GEMV has
     the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
-    split-K partials, AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
+    split-K partials, AMK_GEMV_ARGMAX 1 where one writes an argmax pair (the LM head's,
+    ScheduleConfig.fuse_argmax), AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
     in the rows), which no build compiles unless asked (common.cuh, gemv.cuh), and
     AMK_QCOMP_DTYPE where every scale and zero has one dtype (gemv.cuh AmkQRow)."""
     vm_meta = _vm_meta(program)
@@ -427,6 +430,8 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_COMBINE"] = 1
     if any(t.params.op == Op.GEMV and (t.params.x_partials or t.params.residual_partials) for t in program.tasks):
         out["AMK_GEMV_PARTIALS"] = 1
+    if any(t.params.op == Op.GEMV and t.params.argmax_pair_base is not None for t in program.tasks):
+        out["AMK_GEMV_ARGMAX"] = 1
     if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
         out["AMK_GEMV_I8_ZERO"] = 1
     by_id = {b.id: b for b in program.buffers}
@@ -444,8 +449,13 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
     defines = dict((packed or PackedProgram(program)).defines) if specialize else {}
     if trace:
         defines["AMK_TRACE"] = 1
-    defines.update(knob_defines(program))
+    knobs = knob_defines(program)
+    defines.update(knobs)
     defines.update(experiment_defines() if experiments is None else experiments)
+    # a build without the pair epilogue would leave the pairs unwritten (the device does not check)
+    if knobs.get("AMK_GEMV_ARGMAX") and not defines.get("AMK_GEMV_ARGMAX"):
+        raise VMRefused("the program's LM head writes argmax pairs (fuse_argmax), which a build with "
+                        "AMK_GEMV_ARGMAX=0 does not compile")
     return defines
 
 

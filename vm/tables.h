@@ -99,6 +99,7 @@ enum AmkParamIndex {
   AMK_P_COMBINE_SPLITS = 12,    // GEMV only: > 0: x is the attention combine of the o/ml partials
   AMK_P_COMBINE_Q_HEADS = 13,   // GEMV only
   AMK_P_COMBINE_HEAD_DIM = 14,  // GEMV only
+  AMK_P_ARGMAX_PAIR_BASE = 15,  // GEMV only: the argmax pair's index base (its second output), -1: none
   AMK_F_HEAD_NORM_EPS = 0,
   AMK_F_NORM_EPS = 1,
   // EMBED

@@ -145,6 +145,11 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(p.norm_eps is not None and p.split_k == 1, "x_partials need the norm prologue and no split-K")
     if p.residual_partials > 0:
         need(p.epilogue == Epilogue.ADD and p.split_k == 1, "residual_partials need the ADD epilogue and no split-K")
+    pair = p.argmax_pair_base is not None
+    if pair:  # its index is base + row as fp32: exact below 2^24
+        need(p.epilogue == Epilogue.STORE and p.split_k == 1, "an argmax pair needs the STORE epilogue and no split-K")
+        need(0 <= p.argmax_pair_base and p.argmax_pair_base + p.rows <= 1 << 24,
+             "argmax_pair_base must be >= 0 with argmax_pair_base + rows <= 2^24")
     heads = _combine_heads(p, need)
     span = p.k_hi - p.k_lo
     wdtype = w_buf.dtype if w_buf is not None else D.F32
@@ -173,7 +178,7 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
             ins.append(_epilogue_rule(p, role))
     if p.split_k > 1:
         return ins, [Rule(WRITABLE, frozenset({D.F32}), length=p.rows * m)]
-    return ins, [y_rule]
+    return ins, [y_rule] + ([Rule(WRITABLE, frozenset({D.F32}), length=2, count=1)] if pair else [])
 
 
 def _combine_heads(p, need) -> int:
