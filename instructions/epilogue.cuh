@@ -58,10 +58,15 @@ AMK_DEVICE float amk_epi_stage_word(const AmkCtx& c, const AmkEpiStage& s, int i
   return __int_as_float(amk_read_pos(c, amk_in(c, AMK_ROLE_POS)));
 }
 
-// The block's argmax pair from every thread's (best, bi) over the rows it stored: the GEMV's
-// second output (ir.GemvParams argmax_pair_base), two F32s of one run (the validator's rule), so
+// The argmax pair of the rows a GEMV stored (its second output, ir.GemvParams argmax_pair_base:
+// STORE without bias, so row r stored rnd(acc[r])), as a pass of its own after the stores: only the
+// LM head's tasks run it. (Kept in the store loop, a running best cost every GEMV of the build: 1B
+// +1.39 %, eval/PERF_NOTES.md item 195.) The pair is two F32s of one run (the validator's rule), so
 // stored without amk_flat and amk_store's dtype switch. All threads call it.
-AMK_DEVICE void amk_epilogue_pair(const AmkCtx& c, float best, int bi, float* red) {
+AMK_DEVICE void amk_epilogue_pair(const AmkCtx& c, const float* acc, int rows, int dt, float* red) {
+  float best = 0.0f;
+  int bi = AMK_ARGMAX_NONE;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) amk_argmax_take(best, bi, amk_round(dt, acc[r]), r);
   int* red_i = (int*)(red + AMK_WARP_SIZE);
   amk_argmax_warps(best, bi, red, red_i);
   if (threadIdx.x == 0) {
@@ -77,8 +82,8 @@ AMK_DEVICE void amk_epilogue_pair(const AmkCtx& c, float best, int bi, float* re
 // plain, j=1 up), written by this block and complete (a barrier precedes the call).
 // staged: the operands amk_epi_stage_of names, in shared memory, or nullptr (read them here).
 // All threads call it. May rewrite acc in place (bias add, head norm).
-// pair_red: 2 * AMK_WARP_SIZE words of shared memory where a GEMV writes the argmax pair of the
-// values it stores (its second output, ir.GemvParams argmax_pair_base; STORE only), else nullptr.
+// pair_red: 2 * AMK_WARP_SIZE words of shared memory for the argmax pair of the values a GEMV
+// stores (its second output, ir.GemvParams argmax_pair_base; STORE only), else nullptr.
 AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float* staged, float* pair_red = nullptr) {
   const AmkTask& t = *c.t;
   const int ep = t.ip[AMK_P_EPILOGUE];
@@ -104,9 +109,6 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
                     !AMK_WITH_EPILOGUE(AMK_EPILOGUE_APPEND))
         break;
       const AmkOperand* res = ep == AMK_EPILOGUE_ADD ? &amk_in(c, AMK_ROLE_RESIDUAL) : nullptr;
-      const bool pair = AMK_GEMV_ARGMAX && pair_red != nullptr;
-      float best = 0.0f;  // the pair's: this thread's best stored value and its row
-      int bi = AMK_ARGMAX_NONE;
       for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         float a = acc[r];
         if (bias) a = amk_add(a, bias_at(r));
@@ -114,11 +116,8 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
         // (read before the in-place store; unstaged only in a REDUCE, which has no residual partials)
         if (res) a = amk_add(staged ? staged[r] : amk_in_at(c, *res, r), a);
         amk_store(yb, amk_out_index(y, yb, pos, r), a);
-        // (a is the stored value: STORE rounds it above. Taken in every task of the build: a test
-        // of `pair` here made the compiler keep the loop twice, +9.6 KB of sm_90 code)
-        if (AMK_GEMV_ARGMAX) amk_argmax_take(best, bi, a, r);
       }
-      if (pair) amk_epilogue_pair(c, best, bi, pair_red);
+      if (AMK_GEMV_ARGMAX && pair_red != nullptr) amk_epilogue_pair(c, acc, rows, dt, pair_red);
       break;
     }
     case AMK_EPILOGUE_SILU_MUL:

@@ -300,7 +300,7 @@ class GemvParams(_Frozen):
     split_k > 1, the partial sums of this K slice into scratch (len rows*m, m=2 for
     SILU_MUL), which a REDUCE task finishes; the epilogue extras then belong to REDUCE.
       [pair]  F32, len 2                                     if argmax_pair_base is not None
-               (needs the STORE epilogue and split_k == 1): what an ARGMAX PARTIAL of the
+               (needs the STORE epilogue, split_k == 1 and no bias): what an ARGMAX PARTIAL of the
                stored y with base argmax_pair_base writes: (the largest stored value, NaN
                maximal, argmax_pair_base + the first row holding it), exact in fp32 below
                2^24. The LM head's tasks write them, so the MERGE follows the GEMV directly

@@ -150,7 +150,7 @@ class _Mat:
     head_gamma: Optional[Buffer] = None
     head_dim: int = 0
     gran: int = 1  # rows per slab must be a multiple (whole heads, or rope_rows runs, for RoPE)
-    argmax_pairs: bool = False  # each slab also writes its stored rows' argmax pair (split_k 1 only)
+    argmax_pairs: bool = False  # each slab also writes its stored rows' argmax pair (split_k 1, no bias)
     one_unit_per_slab: bool = False  # each slab exactly `gran` rows (RoPE runs shorter than a head)
 
     @property
@@ -378,7 +378,7 @@ class _Lowering:
             scratch = None
             if sk > 1:
                 scratch = self.buf(f"splitk.{m.role}", BufferKind.SCRATCH, DType.F32, [sk, m.rows * m.width])
-            with_pairs = m.argmax_pairs and sk == 1
+            with_pairs = m.argmax_pairs and sk == 1 and m.bias is None
             if with_pairs:
                 pairs = self.buf(f"{m.role}.argmax_pairs", BufferKind.SCRATCH, DType.F32, [len(slabs), 2])
             for slab, (r0, r1, xcd) in enumerate(slabs):

@@ -147,7 +147,8 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
         need(p.epilogue == Epilogue.ADD and p.split_k == 1, "residual_partials need the ADD epilogue and no split-K")
     pair = p.argmax_pair_base is not None
     if pair:  # its index is base + row as fp32: exact below 2^24
-        need(p.epilogue == Epilogue.STORE and p.split_k == 1, "an argmax pair needs the STORE epilogue and no split-K")
+        need(p.epilogue == Epilogue.STORE and p.split_k == 1 and not p.has_bias,
+             "an argmax pair needs the STORE epilogue, no split-K and no bias")
         need(0 <= p.argmax_pair_base and p.argmax_pair_base + p.rows <= 1 << 24,
              "argmax_pair_base must be >= 0 with argmax_pair_base + rows <= 2^24")
     heads = _combine_heads(p, need)
