@@ -64,8 +64,9 @@ class ScheduleConfig(BaseModel):
         "auto",
         description="Slices of the logits scanned by parallel PARTIAL argmax tasks, whose (max, index) "
         "pairs one MERGE task reduces to the token (1..64; 1 = one task scans them all). 'auto' = "
-        "one slice per 8192 logits (one round of 16-byte loads per thread of a 256-thread block at "
-        "16-bit logits), at most the queues.",
+        "one slice per 2048 logits (one 16-byte load per thread of a 256-thread block at 16-bit "
+        "logits), at most the queues and 64: 63 for Llama-3's vocabulary (-0.14 % on the 1B against "
+        "slices of 8192 on an H200), 24 for SmolLM2's (-0.14 %).",
     )
     fuse_argmax: bool = Field(
         False,

@@ -202,9 +202,10 @@ def _parts(partials: Optional[Buffer]) -> int:
     return partials.shape[0] if partials is not None else 0
 
 
-# logits an ARGMAX slice scans ('auto' argmax_splits): one round of 16-byte loads for each
-# thread of a 256-thread block at 16-bit logits (eval/PERF_NOTES.md item 45)
-ARGMAX_SLICE = 8192
+# logits an ARGMAX slice scans ('auto' argmax_splits): one 16-byte load for each thread of a
+# 256-thread block at 16-bit logits. 8192 (four loads a thread, item 45) -> 2048: 63 slices on the
+# 1B -0.14 %, 24 on the SmolLM2 shape -0.14 % (eval/PERF_NOTES.md item 196)
+ARGMAX_SLICE = 2048
 ZERO_CHUNK = 32  # columns of an x sum in the GEMV's zero term (vm/loader.py XSUM_CHUNK, gemv.cuh AMK_XSUM_CHUNK)
 
 

@@ -258,16 +258,18 @@ def test_fused_layer_is_six_hops():
 
 
 def test_argmax_slices():
-    """'auto': one PARTIAL argmax per 8192 logits (16 for Llama-3's vocabulary), 16-byte aligned
+    """'auto': one PARTIAL argmax per 2048 logits (63 for Llama-3's vocabulary), 16-byte aligned
     slices that cover it, and their MERGE; 1: one WHOLE argmax."""
     spec = spec_from_hf_config(shape_config("llama-3.2-1b"), name="1b")
     p = lower(spec, ScheduleConfig(), H100, kv_capacity=64)
     parts = [t.params for t in p.tasks if t.params.op == Op.ARGMAX and t.params.mode == ArgmaxMode.PARTIAL]
-    assert p.meta["resolved"]["argmax_splits"] == len(parts) == 16
-    assert [q.base for q in parts] == [sum(r.n for r in parts[:i]) for i in range(16)]
+    assert p.meta["resolved"]["argmax_splits"] == len(parts) == 63
+    assert [q.base for q in parts] == [sum(r.n for r in parts[:i]) for i in range(63)]
     assert sum(q.n for q in parts) == spec.vocab_size and all(q.base % 8 == 0 for q in parts)
     (merge,) = [t for t in p.tasks if t.params.op == Op.ARGMAX and t.params.mode == ArgmaxMode.MERGE]
-    assert merge.params.n == 16 and merge is p.tasks[-1]
+    assert merge.params.n == 63 and merge is p.tasks[-1]
+    small = lower(spec_from_hf_config(shape_config("smollm2-135m"), name="s"), ScheduleConfig(), H100, kv_capacity=64)
+    assert small.meta["resolved"]["argmax_splits"] == 24
     one = lower(spec, ScheduleConfig(argmax_splits=1), H100, kv_capacity=64)
     assert [t.params.mode for t in one.tasks if t.params.op == Op.ARGMAX] == [ArgmaxMode.WHOLE]
 
