@@ -844,6 +844,11 @@ def test_fuse_argmax_drops_the_partial_stage(quant):
         assert (t.outputs[1].buf, t.outputs[1].off, t.outputs[1].len) == (pairs.id, 2 * i, 2)
     assert {w.counter for w in argmax[0].waits} == {head[0].out_counter}
     assert validate(p).accepted
+    # the build that writes the pairs is the program's own; one without it is refused, not run
+    from amk.vm.loader import VMRefused, build_defines, knob_defines
+    assert knob_defines(p)["AMK_GEMV_ARGMAX"] == 1 and "AMK_GEMV_ARGMAX" not in knob_defines(lower(spec, cfg_of(**cfg), H100, kv_capacity=16))
+    with pytest.raises(VMRefused, match="AMK_GEMV_ARGMAX=0"):
+        build_defines(p, experiments={"AMK_GEMV_ARGMAX": 0})
     split = lower(spec, cfg_of(fuse_argmax=True, split_k=2, **cfg), H100, kv_capacity=16)
     assert not split.meta["resolved"]["fuse_argmax"]
     assert sum(t.op == Op.ARGMAX for t in split.tasks) == 3 + 1

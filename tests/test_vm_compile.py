@@ -54,7 +54,8 @@ SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0
                  (80, "bf16_oslices"): (0, 0), (90, "bf16_oslices"): (0, 0),
                  (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0),
                  (80, "int8_ahead"): (0, 0), (90, "int8_ahead"): (0, 0),
-                 (80, "int4_ahead"): (0, 0), (90, "int4_ahead"): (8, 8)}
+                 (80, "int4_ahead"): (0, 0), (90, "int4_ahead"): (8, 8),
+                 (90, "bf16_fargmax"): (0, 0)}
 
 
 @pytest.mark.parametrize("arch,build", list(SPILL_BUDGETS))
@@ -100,6 +101,7 @@ CODE_BUDGET_SM90_BF16 = 356_000
 
 @pytest.mark.parametrize("build,cfg", [("bf16", {}), ("int8", dict(quant="int8")), ("int4", dict(quant="int4")),
                                        ("bf16_oslices", dict(o_proj_kv_slices=2)),
+                                       ("bf16_fargmax", dict(fuse_argmax=True)),
                                        ("bf16_ahead", dict(gemv_loads_ahead=True)),
                                        ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True)),
                                        ("int4_ahead", dict(quant="int4", gemv_loads_ahead=True))])

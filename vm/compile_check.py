@@ -48,7 +48,9 @@ SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FE
                # ScheduleConfig.o_proj_kv_slices: no ATTN_COMBINE op; the o-proj's combine prologue and
                # the MLP's reads of x with partials
                "bf16_oslices": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_OPS": 0x445,
-                                "AMK_GEMV_COMBINE": 1, "AMK_GEMV_PARTIALS": 1}}
+                                "AMK_GEMV_COMBINE": 1, "AMK_GEMV_PARTIALS": 1},
+               # ScheduleConfig.fuse_argmax: the LM head's epilogue writes the argmax pairs (off by default)
+               "bf16_fargmax": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_ARGMAX": 1}}
 
 
 def nvcc_path() -> str | None:
