@@ -84,6 +84,10 @@ struct AmkCtx {
 #ifndef AMK_DIAG_TWICE
 #define AMK_DIAG_TWICE 0
 #endif
+// Diagnostic only: N units of never-run code in the GEMV epilogue (epilogue.cuh; 0: none).
+#ifndef AMK_DIAG_DEAD_CODE
+#define AMK_DIAG_DEAD_CODE 0
+#endif
 #define AMK_TRACE_MARKS 3
 #ifdef AMK_TRACE
 // Held in shared memory (as is "wait met") and written to the trace row with body done: a

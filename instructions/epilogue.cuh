@@ -118,6 +118,18 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
         amk_store(yb, amk_out_index(y, yb, pos, r), a);
       }
       if (AMK_GEMV_ARGMAX && pair_red != nullptr) amk_epilogue_pair(c, acc, rows, dt, pair_red);
+#if AMK_DIAG_DEAD_CODE
+      // Diagnostic (eval/PERF_NOTES.md item 197): code that never runs (rows >= 1, the validator's
+      // rule, which the compiler cannot know), one register chain, ~3 KB of sm_90 code per unit over
+      // both inlined copies (3: item 195's 9.7 KB), where item 195's pair sat: what code costs by
+      // its size alone.
+      if (rows < 0) {
+        float v = acc[threadIdx.x];
+#pragma unroll
+        for (int i = 0; i < 64 * AMK_DIAG_DEAD_CODE; ++i) v = __sinf(v + (float)i);
+        amk_store(yb, threadIdx.x, v);
+      }
+#endif
       break;
     }
     case AMK_EPILOGUE_SILU_MUL:
