@@ -212,6 +212,13 @@ AMK_DEVICE void amk_attn_key_max(int (&key)[N], int g, int* mkey, int valid) {
 #ifndef AMK_ATTN_WIDE
 #define AMK_ATTN_WIDE ((AMK_GEMV_WDTYPES) != 0x3f)
 #endif
+// AMK_ATTN_ONLY_WIDE (experiment, off; eval/PERF_NOTES.md item 198): the split-layout passes left
+// out of the build where a wide pass exists. A lowered Llama's bf16 caches never take them, so this
+// is ~2,400 instructions of sm_90 code fewer; a partial whose rows would need them reports an error.
+#ifndef AMK_ATTN_ONLY_WIDE
+#define AMK_ATTN_ONLY_WIDE 0
+#endif
+#define AMK_ATTN_SCORES_SPLIT (!(AMK_ATTN_ONLY_WIDE) || !(AMK_ATTN_WIDE))  // the split score pass compiled
 
 // Rows the wide passes take: half precision, read with vectors, head_dim a multiple of 32 so
 // that 4 vectors a lane make whole-lane groups (C / 4 a power of two, hence C one too).
@@ -363,7 +370,9 @@ AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int j
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
   if (amk_attn_wide_ok(K)) return amk_attn_scores_wide(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
+#if AMK_ATTN_SCORES_SPLIT
   amk_attn_scores_split(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
+#endif
 }
 
 // o[hb + hh] += the warps' partials wpart[w][hh] of a head block, summed in warp order.
@@ -387,6 +396,7 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 #ifndef AMK_ATTN_PV_WIDE
 #define AMK_ATTN_PV_WIDE ((AMK_ATTN_WIDE) && (((AMK_GEMV_WDTYPES) >> 5) & 1) == 0)
 #endif
+#define AMK_ATTN_PV_SPLIT (!(AMK_ATTN_ONLY_WIDE) || !(AMK_ATTN_PV_WIDE))  // the split P.V pass compiled
 #ifndef AMK_ATTN_PV_VECS
 #define AMK_ATTN_PV_VECS 1  // 16-byte vectors (8 dims) of a V row a lane owns in the wide P.V pass
 #endif
@@ -546,7 +556,9 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
 #if AMK_ATTN_PV_WIDE
   if (amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)) return amk_attn_pv_wide(V, p, cap, jt, tn, qh, o, wpart);
 #endif
+#if AMK_ATTN_PV_SPLIT
   amk_attn_pv_split(V, p, cap, jt, tn, qh, o, wpart);
+#endif
 }
 
 #ifndef AMK_DIAG_PV_MARK
@@ -555,6 +567,13 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
+#if AMK_ATTN_ONLY_WIDE
+  if ((!AMK_ATTN_SCORES_SPLIT && !amk_attn_wide_ok(K)) ||
+      (!AMK_ATTN_PV_SPLIT && !(amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)))) {  // rows this build left out
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, K.dt, V.dt);
+    return;
+  }
+#endif
   // pass 1: scores, the maximum per head, the first cap scores cached
   amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
