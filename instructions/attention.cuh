@@ -717,6 +717,13 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
       AmkCombineShape{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]});
 }
 
+// AMK_COMBINE_ONLY_HELD (experiment, off; eval/PERF_NOTES.md item 199): ATTN_COMBINE without its
+// path from memory, for programs whose every combine holds its splits in registers
+// (AmkCombineHeld::fits: the SmolLM2 shape, the 1B at ctx 1024; not the 8B); one that does not
+// reports an error. Only in builds that hold them at all (AMK_COMBINE_EARLY: not int8 or int4).
+#ifndef AMK_COMBINE_ONLY_HELD
+#define AMK_COMBINE_ONLY_HELD 0
+#endif
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
   const AmkCombineShape sh{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]};
@@ -743,6 +750,9 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
     }
     return;
   }
+#if AMK_COMBINE_ONLY_HELD && AMK_COMBINE_EARLY
+  if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, sh.splits, n);  // a combine this build cannot hold
+#else
   const auto out = amk_combine_outputs(pb.ptr, po, wm, den, sh,
                                        [&](int i, float v) { amk_store(yb, amk_flat(y, i), v); });
   const bool ok = amk_float_dispatch(pb.dtype, out);
@@ -752,4 +762,5 @@ AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   amk_float_dispatch(pb.dtype, out);
 #endif
   if (!ok && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
+#endif
 }

@@ -330,3 +330,19 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
         assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
         assert torch.equal(a["next_token"], b["next_token"])
+
+
+def test_builds_without_the_never_run_paths(emu, monkeypatch):
+    """AMK_ATTN_ONLY_WIDE and AMK_COMBINE_ONLY_HELD (experiments, eval/PERF_NOTES.md items 198-199)
+    leave out the attention passes and the combine path that a bf16 Llama never runs: the same
+    results where every partial's rows are wide and every combine holds its splits (a four-warp
+    block, 2 heads x 64 outputs), and an error, not a wrong answer, where a partial's rows are
+    fp32."""
+    # (the emulator compiles every weight dtype, which leaves AMK_COMBINE_EARLY off unless asked)
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_ONLY_WIDE=1,AMK_COMBINE_ONLY_HELD=1,AMK_COMBINE_EARLY=1")
+    shape = dict(kv_capacity=16, max_queues=4, threads_per_block=128, kv_splits=2, kv_block=8)
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", **shape)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:3])])
+    prog, t = lowered("llama-gqa-tied", **shape)
+    with pytest.raises(VMError, match="unsupported dtype"):
+        emu(prog, t).run_step(PROMPT[0], 0)
