@@ -59,6 +59,8 @@ BASE_CONFIGS: tuple[dict, ...] = (
     dict(max_queues=5, quant="int8", quant_group=32, split_k=2, fuse_norm=False, quant_lm_head=True),
     dict(max_queues=3, fuse_rope_append=False, fuse_residual=False, sm_assignment="round_robin", blocks_per_sm=2),
     dict(max_queues=4, quant="int8", quant_group=32, quant_asym=True, split_k=2, fuse_silu_mul=False),
+    # the LM head's tasks write the argmax pairs (a GEMV's second output) that one MERGE reads
+    dict(max_queues=4, fuse_argmax=True, gemv_tasks_per_matrix=3),
 )
 
 

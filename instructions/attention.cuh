@@ -397,6 +397,10 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 #define AMK_ATTN_PV_WIDE ((AMK_ATTN_WIDE) && (((AMK_GEMV_WDTYPES) >> 5) & 1) == 0)
 #endif
 #define AMK_ATTN_PV_SPLIT (!(AMK_ATTN_ONLY_WIDE) || !(AMK_ATTN_PV_WIDE))  // the split P.V pass compiled
+// Does the wide P.V pass take V's rows (in a build with AMK_ATTN_PV_WIDE)? A macro: as a function
+// returning bool the same test compiled to other PTX in amk_attn_pv (sm_90 bf16), moving the
+// measured builds' code.
+#define AMK_ATTN_PV_WIDE_ROWS(V) (amk_attn_wide_rows(V) && AMK_WITH_DTYPE((V).dt))
 #ifndef AMK_ATTN_PV_VECS
 #define AMK_ATTN_PV_VECS 1  // 16-byte vectors (8 dims) of a V row a lane owns in the wide P.V pass
 #endif
@@ -554,7 +558,7 @@ AMK_DEVICE void amk_attn_pv_split(const AmkKvRows& V, const float* p, int cap, i
 AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
                             float* wpart) {
 #if AMK_ATTN_PV_WIDE
-  if (amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)) return amk_attn_pv_wide(V, p, cap, jt, tn, qh, o, wpart);
+  if (AMK_ATTN_PV_WIDE_ROWS(V)) return amk_attn_pv_wide(V, p, cap, jt, tn, qh, o, wpart);
 #endif
 #if AMK_ATTN_PV_SPLIT
   amk_attn_pv_split(V, p, cap, jt, tn, qh, o, wpart);
@@ -569,7 +573,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
                                       int j0, int j1, int qh, float scale, int qdt) {
 #if AMK_ATTN_ONLY_WIDE
   if ((!AMK_ATTN_SCORES_SPLIT && !amk_attn_wide_ok(K)) ||
-      (!AMK_ATTN_PV_SPLIT && !(amk_attn_wide_rows(V) && AMK_WITH_DTYPE(V.dt)))) {  // rows this build left out
+      (!AMK_ATTN_PV_SPLIT && !AMK_ATTN_PV_WIDE_ROWS(V))) {  // rows this build left out
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, K.dt, V.dt);
     return;
   }

@@ -99,7 +99,8 @@ AMK_DEVICE AmkCombineShape amk_gemv_combine(const AmkTask& t) {
 }
 
 // Whether the task writes an argmax pair beside y (ir.GemvParams argmax_pair_base): its second output.
-AMK_DEVICE bool amk_gemv_has_pair(const AmkTask& t) { return AMK_GEMV_ARGMAX && t.n_out > 1 && t.ip[AMK_P_SPLIT_K] == 1; }
+// (only without split-K: the validator's rule)
+AMK_DEVICE bool amk_gemv_has_pair(const AmkTask& t) { return AMK_GEMV_ARGMAX && t.n_out > 1; }
 
 AMK_DEVICE long long amk_smem_gemv(const AmkTask& t) {
   const long long k = t.ip[AMK_P_K_HI] - t.ip[AMK_P_K_LO];

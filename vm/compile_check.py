@@ -143,9 +143,8 @@ def nvcc_code_bytes(arch: int, threads: int = DEFAULT_THREADS, defines: dict | N
         return elf_text_bytes(_cubin(arch, threads, defines, root, tmp).read_bytes())
 
 
-# a function's first line in the device sources: AMK_DEVICE[_NOINLINE or another AMK_DEVICE_* macro]
-# ... name(, the kernel, or a struct
-_FUNC_HEAD = re.compile(r"\s*(?:template <.*>\s*)?(?:AMK_DEVICE\w*\b[^(]*?\b(\w+)\s*\(|"
+# a function's first line in the device sources: AMK_DEVICE[_NOINLINE] ... name(, the kernel, or a struct
+_FUNC_HEAD = re.compile(r"\s*(?:template <.*>\s*)?(?:AMK_DEVICE(?:_NOINLINE)?\b[^(]*?\b(\w+)\s*\(|"
                         r"extern \"C\" AMK_KERNEL\([^)]*\)\s*$|struct (\w+))")
 
 

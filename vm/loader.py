@@ -242,7 +242,7 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
         if p.combine_splits > 0:
             heads = k // p.combine_head_dim
             combine = r4(2 * heads * p.combine_splits + heads)
-        pair = 2 * WARP if p.argmax_pair_base is not None and p.split_k == 1 else 0  # | the argmax pair's reduction
+        pair = 2 * WARP if p.argmax_pair_base is not None else 0  # | the argmax pair's reduction
         return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
                 + r4(epilogue_staged_words(p)) + combine + pair)
     if op == Op.REDUCE:
