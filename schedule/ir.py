@@ -142,7 +142,7 @@ MAX_HEAD_DIM = 256
 MAX_KV_SPLITS = 64
 MAX_THREADS = 1024
 MAX_BUFFER_ELEMS = 1 << 36
-MAX_PAIR_INDEX = 1 << 24  # an argmax pair holds its index as fp32: exact below 2^24
+PAIR_INDEX_LIMIT = 1 << 24  # an argmax pair holds its index as fp32: exact below 2^24 (not an ABI cap: no MAX_)
 
 
 class _Model(BaseModel):

@@ -35,8 +35,8 @@ from amk.schedule.hazards import HazardTracker
 from amk.schedule.ir import (
     MAX_HEAD_DIM,
     MAX_KV_SPLITS,
-    MAX_PAIR_INDEX,
     MAX_QUEUES,
+    PAIR_INDEX_LIMIT,
     AddParams,
     ArgmaxMode,
     ArgmaxParams,
@@ -252,7 +252,7 @@ class _Lowering:
             self.kv_splits = cfg.kv_splits
         a = cfg.argmax_splits
         self.argmax_splits = min(-(-spec.vocab_size // ARGMAX_SLICE), self.n_queues, 64) if a == "auto" else a
-        if spec.vocab_size > MAX_PAIR_INDEX:  # a slice's pair holds its index as fp32
+        if spec.vocab_size > PAIR_INDEX_LIMIT:  # a slice's pair holds its index as fp32
             self.argmax_splits = 1
 
         # q/k GEMV tasks with RoPE: whole heads, or runs of rope_rows rows (schedule/rope_rows.py),
@@ -705,7 +705,7 @@ class _Lowering:
             head = self.linear(LM_HEAD_Q, V, H) if cfg.quant_lm_head and self.quantizes(LM_HEAD_Q) else embed
         else:
             head = self.linear("lm_head.weight", V, H, quantize=cfg.quant_lm_head)
-        fuse = cfg.fuse_argmax and spec.vocab_size <= MAX_PAIR_INDEX
+        fuse = cfg.fuse_argmax and spec.vocab_size <= PAIR_INDEX_LIMIT
         pairs = self.gemv_stage(LM_HEAD_STAGE, [_Mat("lm_head", head, into(logits), argmax_pairs=fuse)], xin, gamma)
         self.argmax_fused = pairs is not None
         self.argmax(logits, next_token, pairs)

@@ -105,7 +105,7 @@ def operand_rules(p, w_buf: Optional[ir.Buffer]):
     elif op == Op.ARGMAX:  # the roles keep their names in every mode: "logits" in, "token" out
         need(p.n >= 1, "n must be positive")
         if p.mode == ArgmaxMode.PARTIAL:  # a slice -> its (max, index) pair; indices exact in fp32
-            need(0 <= p.base and p.base + p.n <= ir.MAX_PAIR_INDEX, "a partial argmax needs 0 <= base and base + n <= 2^24")
+            need(0 <= p.base and p.base + p.n <= ir.PAIR_INDEX_LIMIT, "a partial argmax needs 0 <= base and base + n <= 2^24")
             ins, outs = [Rule(READABLE, FLOAT, length=p.n)], [Rule(WRITABLE, frozenset({D.F32}), length=2)]
         else:
             need(p.base == 0, "base is only defined for a partial argmax")
@@ -149,7 +149,7 @@ def _gemv_rules(p, w_buf: Optional[ir.Buffer], need):
     if pair:  # its index is base + row as fp32: exact below 2^24
         need(p.epilogue == Epilogue.STORE and p.split_k == 1 and not p.has_bias,
              "an argmax pair needs the STORE epilogue, no split-K and no bias")
-        need(0 <= p.argmax_pair_base and p.argmax_pair_base + p.rows <= ir.MAX_PAIR_INDEX,
+        need(0 <= p.argmax_pair_base and p.argmax_pair_base + p.rows <= ir.PAIR_INDEX_LIMIT,
              "argmax_pair_base must be >= 0 with argmax_pair_base + rows <= 2^24")
     heads = _combine_heads(p, need)
     span = p.k_hi - p.k_lo
