@@ -32,16 +32,19 @@ DEFAULT_THREADS = 256
 # ATTN_PARTIAL, ATTN_COMBINE, ARGMAX; all six epilogues, no bias, no head norm; a test checks
 # these against PackedProgram.defines of a lowered Llama). Some tunables (AMK_ATTN_UNROLL) take
 # more registers there than in the everything build above, so these are checked for spills too.
+# a lowered Llama's bf16 KV caches take only the wide attention passes, so the loader leaves the
+# split-layout ones out (loader._only_wide_define), except with U4 weights or o_proj_kv_slices
+ONLY_WIDE = {"AMK_ATTN_ONLY_WIDE": 1}
 LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0}
-SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
-               "int8": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
+SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
+               "int8": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
                "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
-               "int8_asym": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
+               "int8_asym": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
                              **LLAMA_FEATURES},
                # ScheduleConfig.gemv_loads_ahead (on for the 1B and the 8B by 'auto': bf16, int8, int4)
-               "bf16_ahead": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1},
-               "int8_ahead": {"AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
+               "bf16_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1},
+               "int8_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1},
                "int4_ahead": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1},
@@ -50,7 +53,7 @@ SPECIALIZED = {"bf16": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FE
                "bf16_oslices": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_OPS": 0x445,
                                 "AMK_GEMV_COMBINE": 1, "AMK_GEMV_PARTIALS": 1},
                # ScheduleConfig.fuse_argmax: the LM head's epilogue writes the argmax pairs (off by default)
-               "bf16_fargmax": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_ARGMAX": 1}}
+               "bf16_fargmax": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_ARGMAX": 1}}
 
 
 def nvcc_path() -> str | None:

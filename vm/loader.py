@@ -40,6 +40,7 @@ from amk.schedule.ir import (
     MAX_INPUTS,
     MAX_OUTPUTS,
     MAX_WAITS,
+    Buffer,
     BufferKind,
     DType,
     Epilogue,
@@ -328,7 +329,7 @@ class PackedProgram:
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
-                        **_score_block_define(program, gemv_wdtypes)}
+                        **_score_block_define(program, gemv_wdtypes), **_only_wide_define(program, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -382,6 +383,37 @@ def _score_block_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str,
         return {}
     hb = score_head_block(q_heads.pop())
     return {} if hb == ATTN_HEAD_BLOCK else {"AMK_ATTN_SCORE_HB": hb}
+
+
+def attn_wide_rows(buffer: Buffer, off: int, head_dim: int) -> bool:
+    """Do a KV cache's rows at column `off` take the wide attention passes? The device's
+    amk_attn_wide_rows (instructions/attention.cuh): half precision, 16-byte vectors (every row
+    16-byte aligned; buffers are allocated 256-byte aligned), head_dim / 32 a power of two <= 32."""
+    if buffer.dtype not in (DType.BF16, DType.F16):
+        return False
+    width = buffer.shape[-1] if buffer.shape else 1
+    if head_dim % 8 or (off * 2) % 16 or (width * 2) % 16:
+        return False
+    groups = head_dim // 32  # lanes a row: 4 vectors of 8 halves each
+    return head_dim % 32 == 0 and 1 <= groups <= WARP and groups & (groups - 1) == 0
+
+
+def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
+    """AMK_ATTN_ONLY_WIDE where every ATTN_PARTIAL's K and V rows take the wide passes: the
+    split-layout passes are left out of the build (eval/PERF_NOTES.md item 198: SmolLM2 shape
+    -2.1 %, 1B -0.6 % on the H200). Not with U4 GEMV weights, whose builds keep the split P.V
+    pass and spill without it (AMK_ATTN_PV_WIDE is off there), nor where a GEMV combines the
+    attention's splits (o_proj_kv_slices: that build spills 8 B with it on sm_80 and sm_90)."""
+    partials = [t for t in program.tasks if t.params.op == Op.ATTN_PARTIAL]
+    combine_in_gemv = any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks)
+    if not partials or DType.U4 in gemv_wdtypes or combine_in_gemv:
+        return {}
+    by_id = {b.id: b for b in program.buffers}
+    for t in partials:
+        for cache in t.inputs[1:3]:  # k, v (opspec: q, k, v, pos)
+            if not attn_wide_rows(by_id[cache.buf], cache.off, t.params.head_dim):
+                return {}
+    return {"AMK_ATTN_ONLY_WIDE": 1}
 
 
 def _dtype_mask(dtypes) -> int:
