@@ -472,7 +472,7 @@ def test_pack_score_block_define(model, cfg, want):
 def test_pack_only_wide_define(model, cfg, want):
     """The split-layout attention passes are left out (AMK_ATTN_ONLY_WIDE) only where every
     partial's K and V rows take the wide ones: half-precision caches, and not with U4 weights or
-    o_proj_kv_slices, whose builds spill without them."""
+    o_proj_kv_slices, whose builds spill with the define."""
     from vm_cases import lowered
 
     prog, _ = lowered(model, **cfg)

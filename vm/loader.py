@@ -401,9 +401,10 @@ def attn_wide_rows(buffer: Buffer, off: int, head_dim: int) -> bool:
 def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_ATTN_ONLY_WIDE where every ATTN_PARTIAL's K and V rows take the wide passes: the
     split-layout passes are left out of the build (eval/PERF_NOTES.md item 198: SmolLM2 shape
-    -2.1 %, 1B -0.6 % on the H200). Not with U4 GEMV weights, whose builds keep the split P.V
-    pass and spill without it (AMK_ATTN_PV_WIDE is off there), nor where a GEMV combines the
-    attention's splits (o_proj_kv_slices: that build spills 8 B with it on sm_80 and sm_90)."""
+    -2.1 %, 1B -0.6 %; int8 -2.4 % and -1.35 %, on the H200). Not with U4 GEMV weights, whose
+    builds keep the split P.V pass anyway (AMK_ATTN_PV_WIDE is off there) and spill 80 B with the
+    define (sm_90 int4_ahead), nor where a GEMV combines the attention's splits (o_proj_kv_slices:
+    that build spills 8 B with it on sm_80 and sm_90)."""
     partials = [t for t in program.tasks if t.params.op == Op.ATTN_PARTIAL]
     combine_in_gemv = any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks)
     if not partials or DType.U4 in gemv_wdtypes or combine_in_gemv:
