@@ -772,8 +772,18 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   }
 }
 
+// AMK_GEMV_ONLY_VEC (experiment, off; eval/PERF_NOTES.md item 203): the scalar rows (unaligned
+// slabs, odd groups), which a program whose every GEMV streams vectors never runs, left out of
+// the build (the plain vector loop of a loads-ahead build is then dead code too: a vector row
+// takes the loads-ahead one). A GEMV that would need them reports "unsupported dtype"
+// (amk_gemv_rows returns false). Item 198 found a never-taken branch in a hot op worth ~2 %.
+#ifndef AMK_GEMV_ONLY_VEC
+#define AMK_GEMV_ONLY_VEC 0
+#endif
+
+// Rows [0, rows) of the task into acc; false where this build left their path out.
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
+AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
@@ -782,14 +792,14 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   if constexpr (amk_quant_w<DT>) {
     if (amk_gemv_q_mma_takes_dt<DT>(w, w2, K)) {
       amk_gemv_rows_q_mma<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
-      return;
+      return true;
     }
   }
 #endif
   if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
     if (vec) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
-      return;
+      return true;
     }
   }
   if (vec) {
@@ -805,8 +815,11 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
         if (PAIR) acc[r * m + 1] = a2;
       }
     }
-    return;
+    return true;
   }
+#if AMK_GEMV_ONLY_VEC
+  return false;
+#else
 #pragma unroll 1
   for (int r = amk_warp(); r < rows; r += amk_nwarps()) {
     float a1, a2;
@@ -816,15 +829,17 @@ AMK_DEVICE void amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
       if (PAIR) acc[r * m + 1] = a2;
     }
   }
+  return true;
+#endif
 }
 
-// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES); false if not.
+// The rows for weight dtype DT, if this build compiles it (AMK_GEMV_WDTYPES) and their path (AMK_GEMV_ONLY_VEC);
+// false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
                                  const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    return true;
+    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
   } else {
     return false;
   }

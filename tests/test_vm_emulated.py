@@ -332,6 +332,19 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         assert torch.equal(a["next_token"], b["next_token"])
 
 
+def test_build_without_the_scalar_rows(emu, monkeypatch):
+    """AMK_GEMV_ONLY_VEC (experiment, eval/PERF_NOTES.md item 203) leaves the GEMV's scalar rows
+    out: the same results where every GEMV streams vectors (a bf16 model), and an error, not a
+    wrong answer, where one would need them (int8 scales of another dtype than the build reads)."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_ONLY_VEC=1")
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_ONLY_VEC=1,AMK_QCOMP_DTYPE={int(DType.BF16)}")
+    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, quant="int8", quant_group=32)
+    with pytest.raises(VMError, match="unsupported dtype"):
+        emu(prog, t).run_step(PROMPT[0], 0)
+
+
 def test_builds_without_the_never_run_paths(emu, monkeypatch):
     """AMK_ATTN_ONLY_WIDE and AMK_COMBINE_ONLY_HELD (experiments, eval/PERF_NOTES.md items 198-199)
     leave out the attention passes and the combine path that a bf16 Llama never runs: the same
