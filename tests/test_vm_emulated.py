@@ -345,6 +345,18 @@ def test_build_without_the_scalar_rows(emu, monkeypatch):
         emu(prog, t).run_step(PROMPT[0], 0)
 
 
+def test_build_without_k_slices(emu, monkeypatch):
+    """AMK_GEMV_WHOLE_ROWS (experiment, eval/PERF_NOTES.md item 204) leaves out a GEMV task's
+    K-slice paths (split-K's partial sums, the norm of a row staged in part): the same results
+    without split-K, and an error, not a wrong answer, with it."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_WHOLE_ROWS=1")
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, split_k=2)
+    with pytest.raises(VMError, match="bad op"):
+        emu(prog, t).run_step(PROMPT[0], 0)
+
+
 def test_builds_without_the_never_run_paths(emu, monkeypatch):
     """AMK_ATTN_ONLY_WIDE and AMK_COMBINE_ONLY_HELD (experiments, eval/PERF_NOTES.md items 198-199)
     leave out the attention passes and the combine path that a bf16 Llama never runs: the same
