@@ -726,6 +726,7 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
 // path from memory, for programs whose every combine holds its splits in registers
 // (AmkCombineHeld::fits: the SmolLM2 shape, the 1B at ctx 1024; not the 8B); one that does not
 // reports an error. Only in builds that hold them at all (AMK_COMBINE_EARLY: not int8 or int4).
+// With AMK_ATTN_ONLY_WIDE it gave part of that one's gain back (item 200), so it stays off.
 #ifndef AMK_COMBINE_ONLY_HELD
 #define AMK_COMBINE_ONLY_HELD 0
 #endif
