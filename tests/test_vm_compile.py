@@ -486,6 +486,22 @@ def test_pack_only_wide_define(model, cfg, want):
     assert loader.PackedProgram(prog).defines.get("AMK_ATTN_ONLY_WIDE") == want
 
 
+@pytest.mark.parametrize("case", ["llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4",
+                                  "llama-gqa-tied/int8_asym", "llama-gqa-tied/o_proj_kv_slices", "smollm2-like",
+                                  "llama-hd128", "qwen2-bias"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lowered_gemvs_stream_vectors(case, dtype):
+    """Every GEMV task of a lowered model streams 16-byte vectors (loader.gemv_vec_rows, the
+    device's test): a lowering that sent one to the scalar rows would be correct but slow."""
+    from vm_cases import LOWERED, lowered
+
+    model = case.split("/")[0]
+    prog, _ = lowered(model, dtype=dtype, **LOWERED[case])
+    qcomp = loader.knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
+    slow = [t.name for t in prog.tasks if t.params.op == Op.GEMV and not loader.gemv_vec_rows(prog, t, qcomp)]
+    assert slow == []
+
+
 def test_attn_wide_rows_is_the_devices_test():
     """amk_attn_wide_rows: half precision, 16-byte rows, head_dim / 32 a power of two up to 32."""
     from amk.schedule.ir import Buffer, BufferKind, DType

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from amk.schedule.ir import BufferKind, DType, Epilogue, Op, Scope
-from amk.vm.loader import PackedProgram, VMError, VMHangError, epilogue_staged_words, knob_defines
+from amk.vm.loader import PackedProgram, VMError, VMHangError, epilogue_staged_words, gemv_vec_rows, knob_defines
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -330,6 +330,24 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
         assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
         assert torch.equal(a["next_token"], b["next_token"])
+
+
+@pytest.mark.parametrize("name", ["store", "store_odd_scalar", "split_k_tail", "i8_scalar", "i8_vec",
+                                  "u4_scalar_split", "u4_vec_split", "i8_g64_split"])
+def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
+    """loader.gemv_vec_rows says which GEMV tasks take the scalar rows as the device decides it:
+    a build without them (AMK_GEMV_ONLY_VEC) computes the case where every task streams vectors
+    and reports the error where one does not."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_ONLY_VEC=1")
+    prog, t = gemv_program(GEMV_CASES[name], seed=3)
+    qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
+    vec = [gemv_vec_rows(prog, task, qcomp) for task in prog.tasks if task.params.op == Op.GEMV]
+    if all(vec):
+        run_both(emu, prog, t, [(2, 0), (1, 1)])
+    else:
+        with pytest.raises(VMError, match="unsupported dtype"):
+            emu(prog, t).run_step(2, 0)
+    assert ("scalar" in name) == (not all(vec))  # (the cases named so, and only they, take them)
 
 
 def test_build_without_the_scalar_rows(emu, monkeypatch):
