@@ -569,6 +569,14 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
 #ifndef AMK_DIAG_PV_MARK
 #define AMK_DIAG_PV_MARK 0  // trace diagnostic: mark 2 before the P.V pass instead of after it
 #endif
+// AMK_ATTN_ONE_TILE (experiment, off; eval/PERF_NOTES.md item 205): the later tiles' second
+// score pass (a whole inlined copy of amk_attn_scores) left out of the build, for programs where
+// every split's rows fit its cached scores (loader.attn_score_cap: the chunk of the longest
+// context within SCORE_CACHE_WORDS / q_heads; the 1B and SmolLM2 at ctx 1024 and 8192); a longer
+// split reports a shape error. The kind of never-taken branch in a hot op that item 198 removed.
+#ifndef AMK_ATTN_ONE_TILE
+#define AMK_ATTN_ONE_TILE 0
+#endif
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
                                       int j0, int j1, int qh, float scale, int qdt) {
@@ -576,6 +584,12 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   if ((!AMK_ATTN_SCORES_SPLIT && !amk_attn_wide_ok(K)) ||
       (!AMK_ATTN_PV_SPLIT && !AMK_ATTN_PV_WIDE_ROWS(V))) {  // rows this build left out
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, K.dt, V.dt);
+    return;
+  }
+#endif
+#if AMK_ATTN_ONE_TILE
+  if (j1 - j0 > cap) {  // a split longer than its cached scores: the tiles this build left out
+    if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, j1 - j0, cap);
     return;
   }
 #endif
@@ -590,10 +604,12 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   const int nw = amk_nwarps(), warp = amk_warp(), lane = amk_lane();
   for (int jt = j0; jt < j1; jt += cap) {
     const int tn = min(cap, j1 - jt);
-    if (jt != j0) {
+#if !AMK_ATTN_ONE_TILE
+    if (jt != j0) {  // a later tile: its scores again (pass 1 cached only the first cap)
       amk_attn_scores(K, qs, jt, jt + tn, qh, scale, qdt, nullptr, cache, cap);
       amk_syncthreads();
     }
+#endif
     for (int idx = threadIdx.x; idx < qh * tn; idx += blockDim.x) {
       const int h = idx / tn, jj = idx - h * tn;
       cache[h * cap + jj] = amk_exp(amk_sub(cache[h * cap + jj], mh[h]));

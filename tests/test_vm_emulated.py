@@ -375,6 +375,21 @@ def test_build_without_k_slices(emu, monkeypatch):
         emu(prog, t).run_step(PROMPT[0], 0)
 
 
+def test_build_with_one_score_tile(emu, monkeypatch):
+    """AMK_ATTN_ONE_TILE (experiment, eval/PERF_NOTES.md item 205) leaves out the later tiles'
+    second score pass: the same results where every split fits its cached scores (a lowered bf16
+    model), and an error, not a wrong answer, for a split of 1201 rows over 1024 cached scores
+    (PV_CASES' two-tile case, which computes without the define there)."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_ONE_TILE=1")
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:3])])
+    prog, t = attention_program(heads=16, kv_heads=2, head_dim=32, splits=1, block=16, capacity=1201, seed=1)
+    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": DType.BF16})
+                                               if b.kind == BufferKind.KV_CACHE else b for b in prog.buffers]})
+    with pytest.raises(VMError, match="params inconsistent with operands"):
+        emu(prog, t, spin_timeout_s=60.0).run_step(5, 1200)
+
+
 def test_builds_without_the_never_run_paths(emu, monkeypatch):
     """AMK_ATTN_ONLY_WIDE and AMK_COMBINE_ONLY_HELD (experiments, eval/PERF_NOTES.md items 198-199)
     leave out the attention passes and the combine path that a bf16 Llama never runs: the same
