@@ -869,9 +869,9 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* 
 
 // AMK_GEMV_WHOLE_ROWS (experiment, off; eval/PERF_NOTES.md item 204): the paths of a GEMV task
 // that holds a K slice (split-K: the partial sums' store, the norm's RMS of a row it stages only
-// in part) left out of the build, for programs without split-K (every lowered Llama by
-// default). Such a task reports a bad op instead. The kind of never-taken branch in a hot op
-// that item 198 found worth ~2 %.
+// in part) left out of the build, for programs whose every GEMV spans its whole K (no split-K,
+// no o_proj_kv_slices: every lowered Llama by default). Any other task reports a bad op. The
+// kind of never-taken branch in a hot op that item 198 found worth ~2 %.
 #ifndef AMK_GEMV_WHOLE_ROWS
 #define AMK_GEMV_WHOLE_ROWS 0
 #endif

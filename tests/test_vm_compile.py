@@ -498,7 +498,8 @@ def test_lowered_gemvs_stream_vectors(case, dtype):
     model = case.split("/")[0]
     prog, _ = lowered(model, dtype=dtype, **LOWERED[case])
     qcomp = loader.knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
-    slow = [t.name for t in prog.tasks if t.params.op == Op.GEMV and not loader.gemv_vec_rows(prog, t, qcomp)]
+    by_id = {b.id: b for b in prog.buffers}
+    slow = [t.name for t in prog.tasks if t.params.op == Op.GEMV and not loader.gemv_vec_rows(t, by_id, qcomp)]
     assert slow == []
 
 

@@ -253,11 +253,13 @@ def test_lowered_model_unpack_strategies(emu, quant):
 
 
 @pytest.mark.parametrize("model,cfg", [("llama-gqa-tied", {}), ("qwen2-bias", dict(split_k=2)),
-                                       ("qwen3-qknorm", dict(fuse_norm=False, fuse_silu_mul=False))])
+                                       ("qwen3-qknorm", dict(fuse_norm=False, fuse_silu_mul=False)),
+                                       ("llama-gqa-tied", dict(dtype="bfloat16"))])
 def test_lowered_model_specialized_build(tmp_path, model, cfg):
     """The build with only the program's dtypes, ops and epilogue features compiled in (what the
     CudaVM compiles: PackedProgram.defines), against the ReferenceVM: bias, head norm, split-K
-    REDUCE and the unfused ops each reach a build that compiles them."""
+    REDUCE and the unfused ops each reach a build that compiles them, and a bf16 program the
+    build without the split-layout attention passes (AMK_ATTN_ONLY_WIDE)."""
     prog, t = lowered(model, max_queues=4, threads_per_block=64, **cfg)
     defines = PackedProgram(prog).defines
     assert defines["AMK_OPS"] != 0xFFF
@@ -341,7 +343,8 @@ def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_ONLY_VEC=1")
     prog, t = gemv_program(GEMV_CASES[name], seed=3)
     qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
-    vec = [gemv_vec_rows(prog, task, qcomp) for task in prog.tasks if task.params.op == Op.GEMV]
+    by_id = {b.id: b for b in prog.buffers}
+    vec = [gemv_vec_rows(task, by_id, qcomp) for task in prog.tasks if task.params.op == Op.GEMV]
     if all(vec):
         run_both(emu, prog, t, [(2, 0), (1, 1)])
     else:

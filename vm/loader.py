@@ -42,6 +42,7 @@ from amk.schedule.ir import (
     MAX_WAITS,
     Buffer,
     BufferKind,
+    DTYPE_BITS,
     DType,
     Epilogue,
     Op,
@@ -417,24 +418,23 @@ def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, i
     return {"AMK_ATTN_ONLY_WIDE": 1}
 
 
-_VEC_ELEMS = {DType.F32: 4, DType.BF16: 8, DType.F16: 8, DType.I8: 16, DType.U4: 32}  # a 16-byte vector's
 _FLOAT_DTYPES = (DType.F32, DType.BF16, DType.F16)
 
 
-def gemv_vec_rows(program: Program, task, qcomp_dtype: int = -1) -> bool:
+def gemv_vec_rows(task, by_id: dict[int, Buffer], qcomp_dtype: int = -1) -> bool:
     """Do a GEMV task's weight slabs stream as aligned 16-byte vectors, or take the scalar rows?
     The device's amk_gemv_vec_ok (instructions/gemv.cuh), for w and, in a pair, w2: offset and
     row stride whole vectors (buffers are allocated 256-byte aligned); quantized: group and k_lo
     whole vectors, the slice in one group or a power of two of vectors a group, companions of a
     float dtype (the build's AMK_QCOMP_DTYPE where it names one), an I8 zero's slice whole
-    32-column chunks. The scalar rows are correct but slow (AMK_GEMV_ONLY_VEC leaves them out)."""
-    by_id = {b.id: b for b in program.buffers}
+    32-column chunks. The scalar rows are correct but slow (AMK_GEMV_ONLY_VEC leaves them out).
+    by_id: the program's buffers by id (built once for all its tasks)."""
     p = task.params
     ops = dict(zip(weight_input_roles(p, by_id[task.inputs[0].buf]), task.inputs))
     k_lo, k = p.k_lo, p.k_hi - p.k_lo
     for prefix in ("w", "w2") if "w2" in ops else ("w",):
         w = by_id[ops[prefix].buf]
-        vec = _VEC_ELEMS[w.dtype]
+        vec = 128 // DTYPE_BITS[w.dtype]  # elements of a 16-byte vector
         if ops[prefix].off % vec or ops[prefix].stride % vec:
             return False
         companions = [ops[r] for r in (f"{prefix}_scale", f"{prefix}_zero") if r in ops]
