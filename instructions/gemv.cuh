@@ -772,11 +772,12 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   }
 }
 
-// AMK_GEMV_ONLY_VEC (experiment, off; eval/PERF_NOTES.md item 203): the scalar rows (unaligned
-// slabs, odd groups), which a program whose every GEMV streams vectors never runs, left out of
-// the build (the plain vector loop of a loads-ahead build is then dead code too: a vector row
-// takes the loads-ahead one). A GEMV that would need them reports "unsupported dtype"
-// (amk_gemv_rows returns false). Item 198 found a never-taken branch in a hot op worth ~2 %.
+// AMK_GEMV_ONLY_VEC (0 = off; the loader sets it where every GEMV task streams vectors,
+// loader._only_vec_define): the scalar rows (unaligned slabs, odd groups), which such a program
+// never runs, left out of the build (the plain vector loop of a loads-ahead build is then dead
+// code too: a vector row takes the loads-ahead one). A GEMV that would need them reports
+// "unsupported dtype" (amk_gemv_rows returns false). On an H200 (eval/PERF_NOTES.md items 203,
+// 206): the SmolLM2 shape -0.82 %, the 1B -0.40 %, as item 198's never-taken attention branches.
 #ifndef AMK_GEMV_ONLY_VEC
 #define AMK_GEMV_ONLY_VEC 0
 #endif

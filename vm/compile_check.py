@@ -35,7 +35,9 @@ DEFAULT_THREADS = 256
 # a lowered Llama's bf16 KV caches take only the wide attention passes, so the loader leaves the
 # split-layout ones out (loader._only_wide_define), except with U4 weights or o_proj_kv_slices
 ONLY_WIDE = {"AMK_ATTN_ONLY_WIDE": 1}
-LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0}
+# and its GEMVs all stream aligned vectors, so the loader leaves the scalar rows out (_only_vec_define)
+LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0,
+                  "AMK_GEMV_ONLY_VEC": 1}
 SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
                "int8": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
                "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights

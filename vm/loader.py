@@ -330,7 +330,8 @@ class PackedProgram:
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
-                        **_score_block_define(program, gemv_wdtypes), **_only_wide_define(program, gemv_wdtypes)}
+                        **_score_block_define(program, gemv_wdtypes), **_only_wide_define(program, gemv_wdtypes),
+                        **_only_vec_define(program)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -453,6 +454,26 @@ def gemv_vec_rows(task, by_id: dict[int, Buffer], qcomp_dtype: int = -1) -> bool
     return True
 
 
+def _only_vec_define(program: Program) -> dict[str, int]:
+    """AMK_GEMV_ONLY_VEC where every GEMV task streams aligned vectors (gemv_vec_rows, with the
+    companions' dtype the build will name): the scalar rows are left out of the build
+    (eval/PERF_NOTES.md items 203 and 206: SmolLM2 shape -0.8 %, 1B -0.4 % on the H200)."""
+    gemvs = [t for t in program.tasks if t.params.op == Op.GEMV]
+    by_id = {b.id: b for b in program.buffers}
+    qcomp = companion_dtype(program)
+    if gemvs and all(gemv_vec_rows(t, by_id, -1 if qcomp is None else int(qcomp)) for t in gemvs):
+        return {"AMK_GEMV_ONLY_VEC": 1}
+    return {}
+
+
+def companion_dtype(program: Program) -> Optional[DType]:
+    """The one dtype of every quantized weight's scales and zeros, or None (none, or several):
+    the build's AMK_QCOMP_DTYPE (knob_defines), whose loads then skip the dtype test."""
+    by_id = {b.id: b for b in program.buffers}
+    companions = {by_id[i].dtype for b in program.buffers for i in (b.scale, b.zero) if i is not None}
+    return companions.pop() if len(companions) == 1 else None
+
+
 def _dtype_mask(dtypes) -> int:
     """Bit d set for every AmkDType code d among `dtypes` (at least one bit: 0 is F32)."""
     mask = 0
@@ -503,10 +524,9 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_ARGMAX"] = 1
     if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
         out["AMK_GEMV_I8_ZERO"] = 1
-    by_id = {b.id: b for b in program.buffers}
-    companions = {by_id[i].dtype for b in program.buffers for i in (b.scale, b.zero) if i is not None}
-    if len(companions) == 1:  # every scale and zero of one dtype: their loads skip the dtype test
-        out["AMK_QCOMP_DTYPE"] = int(companions.pop())
+    qcomp = companion_dtype(program)
+    if qcomp is not None:
+        out["AMK_QCOMP_DTYPE"] = int(qcomp)
     return out
 
 
