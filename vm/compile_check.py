@@ -309,13 +309,18 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
     load and then waits on that barrier waits for the load it just issued (eval/PERF_NOTES.md
     item 168). One record a wait: address, source file and line, barrier, loads pending on it,
     and `reads`: whether the waiting instruction names a register those loads write (False: it
-    waits only for loads it does not use, the mark of loads issued ahead of a use of older ones;
-    None for a branch, which waits on behalf of the code it jumps to). `chain`: the (file, line)
+    waits only for loads it does not use; None for a branch, which waits on behalf of the code it
+    jumps to), and `older`: whether it names a register an earlier 16-byte load wrote whose wait
+    has passed (reads False and older True: a use of older loads held up by loads issued ahead of
+    it, item 168's mark; with older False it is other work, such as a loop's index arithmetic
+    just before the first use of a round's loads, which waits no longer than that use would).
+    `chain`: the (file, line)
     of each inlined call level, the innermost (file, line) first, from --print-line-info-inline
     output (one level from plain --print-line-info)."""
     lines = hex_disasm.splitlines()
     pending = [0] * 6
     regs: list[set[int]] = [set() for _ in range(6)]  # the registers the pending loads write
+    landed: set[int] = set()  # registers of 16-byte loads whose wait has passed (not rewritten by one since)
     out = []
     for i, chain, line in _inline_chains(hex_disasm):
         where = chain[0]
@@ -328,14 +333,18 @@ def serial_load_waits(hex_disasm: str) -> list[dict]:
         for b in ctl["waits"]:
             if pending[b]:
                 addr = int(re.match(r"\s+/\*([0-9a-f]+)\*/", line).group(1), 16)
-                reads = None if m.group(1) == "BRA" else bool(named & regs[b])  # a branch waits for its targets
+                branch = m.group(1) == "BRA"  # a branch waits for its targets
                 out.append({"addr": addr, "file": where[0], "line": where[1], "barrier": b, "loads": pending[b],
-                            "reads": reads, "chain": chain})
+                            "reads": None if branch else bool(named & regs[b]),
+                            "older": None if branch else bool(named & landed), "chain": chain})
+                landed |= regs[b]
                 pending[b], regs[b] = 0, set()
         dest = re.search(r"\bLDG\S*\.128\S*\s+R(\d+),", line)
         if dest and ctl["write_barrier"] is not None:
+            written = set(range(int(dest.group(1)), int(dest.group(1)) + 4))
             pending[ctl["write_barrier"]] += 1
-            regs[ctl["write_barrier"]].update(range(int(dest.group(1)), int(dest.group(1)) + 4))
+            regs[ctl["write_barrier"]] |= written
+            landed -= written
     return out
 
 
@@ -520,16 +529,19 @@ def main(argv: list[str]) -> int:
         waits = load_waits(arch, defines, a.sources)
         by_line = Counter((w["file"], w["line"]) for w in waits)
         unused = sum(w["reads"] is False for w in waits)
+        held = sum(w["reads"] is False and bool(w["older"]) for w in waits)
         print(f"sm_{arch}{tag}: {len(waits)} waits on 16-byte loads issued since the barrier's last wait, "
-              f"{unused} of them for loads the waiting instruction does not read"
+              f"{unused} of them for loads the waiting instruction does not read, {held} of those by a "
+              f"use of older loads (item 168's mark)"
               + (" (by source line):" if waits else ""))
         for (f, line), n in sorted(by_line.items()):
             here = [w for w in waits if (w["file"], w["line"]) == (f, line)]
             loads = [w["loads"] for w in here]
             print(f"  {n:4}  {f}:{line}  (loads pending: {min(loads)}-{max(loads)}; "
                   f"not read: {sum(w['reads'] is False for w in here)})")
-            for calls in sorted({_call_path(w["functions"]) for w in here if w["reads"] is False}):
-                print(f"          not read, in {calls}")
+            for calls, older in sorted({(_call_path(w["functions"]), bool(w["older"])) for w in here
+                                        if w["reads"] is False}):
+                print(f"          not read{', by a use of older loads' if older else ''}, in {calls}")
     return status
 
 
