@@ -291,10 +291,18 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 
 // A row's columns past its whole vectors (from col0), then the sum over its L lanes, which every
 // one of them gets. valid false: the lane group has no row (it still takes part in the shuffles).
+// AMK_GEMV_WHOLE_VECS (experiment, off; eval/PERF_NOTES.md item 207): the tail left out of the
+// build, for programs whose every vector-row GEMV spans whole vectors (loader.gemv_whole_vecs:
+// every lowered Llama); a task with a tail reports "unsupported dtype" (amk_gemv_rows). Its loop
+// of scalar weight loads sits in both rows loops' row end, the kind of never-taken branch in a
+// hot loop that items 198 and 206 took out.
+#ifndef AMK_GEMV_WHOLE_VECS
+#define AMK_GEMV_WHOLE_VECS 0
+#endif
 template <bool PAIR>
 AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r,
                                       bool valid, int col0, int K, int L, int sub, float& s1, float& s2) {
-  if (valid) {
+  if (!AMK_GEMV_WHOLE_VECS && valid) {
     for (int col = col0 + sub; col < K; col += L) {
       const float x = xs[xp.at(col)];
       s1 += amk_w_at(w, r, col) * x;
@@ -789,6 +797,9 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
+#if AMK_GEMV_WHOLE_VECS
+  if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
+#endif
 #if AMK_GEMV_Q_MMA
   if constexpr (amk_quant_w<DT>) {
     if (amk_gemv_q_mma_takes_dt<DT>(w, w2, K)) {

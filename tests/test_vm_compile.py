@@ -493,7 +493,8 @@ def test_pack_only_wide_define(model, cfg, want):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lowered_gemvs_stream_vectors(case, dtype):
     """Every GEMV task of a lowered model streams 16-byte vectors (loader.gemv_vec_rows, the
-    device's test): a lowering that sent one to the scalar rows would be correct but slow."""
+    device's test): a lowering that sent one to the scalar rows would be correct but slow. And
+    each spans whole vectors (loader.gemv_whole_vecs: no tail of scalar columns)."""
     from vm_cases import LOWERED, lowered
 
     model = case.split("/")[0]
@@ -502,6 +503,7 @@ def test_lowered_gemvs_stream_vectors(case, dtype):
     by_id = {b.id: b for b in prog.buffers}
     slow = [t.name for t in prog.tasks if t.params.op == Op.GEMV and not loader.gemv_vec_rows(t, by_id, qcomp)]
     assert slow == []
+    assert [t.name for t in prog.tasks if t.params.op == Op.GEMV and not loader.gemv_whole_vecs(t, by_id)] == []
 
 
 def test_attn_wide_rows_is_the_devices_test():

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from amk.schedule.ir import BufferKind, DType, Epilogue, Op, Scope
-from amk.vm.loader import PackedProgram, VMError, VMHangError, epilogue_staged_words, gemv_vec_rows, knob_defines
+from amk.vm.loader import (PackedProgram, VMError, VMHangError, epilogue_staged_words, gemv_vec_rows, gemv_whole_vecs,
+                           knob_defines)
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -354,7 +355,28 @@ def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
     else:
         with pytest.raises(VMError, match="unsupported dtype"):
             emu(prog, t).run_step(2, 0)
-    assert ("scalar" in name) == (not all(vec))  # (the cases named so, and only they, take them)
+    # (the cases named so, and split_k_tail's unaligned second slice, take them)
+    assert ("scalar" in name or name == "split_k_tail") == (not all(vec))
+
+
+@pytest.mark.parametrize("name", ["store", "split_k_tail", "store_odd_scalar", "u4_vec_split"])
+def test_gemv_whole_vecs_is_the_devices_test(emu, monkeypatch, name):
+    """AMK_GEMV_WHOLE_VECS (experiment, eval/PERF_NOTES.md item 207) leaves out the vector rows'
+    tail past their whole vectors: a program computes where loader.gemv_whole_vecs holds for
+    every vector-row task (scalar-row tasks need no tail: store_odd_scalar), and reports the
+    error where one has a tail (split_k_tail's first slice: 5 float vectors and 2 columns)."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_WHOLE_VECS=1")
+    prog, t = gemv_program(GEMV_CASES[name], seed=3)
+    qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
+    by_id = {b.id: b for b in prog.buffers}
+    tail = [gemv_vec_rows(task, by_id, qcomp) and not gemv_whole_vecs(task, by_id)
+            for task in prog.tasks if task.params.op == Op.GEMV]
+    if any(tail):
+        with pytest.raises(VMError, match="unsupported dtype"):
+            emu(prog, t).run_step(2, 0)
+    else:
+        run_both(emu, prog, t, [(2, 0), (1, 1)])
+    assert any(tail) == (name == "split_k_tail")
 
 
 def test_build_without_the_scalar_rows(emu, monkeypatch):

@@ -67,7 +67,9 @@ GEMV_CASES = {
     "split_k_silu": GemvCase(rows=32, k=64, split_k=2, epilogue=Epilogue.SILU_MUL),
     "split_k_rope": GemvCase(rows=32, k=64, split_k=2, epilogue=Epilogue.ROPE_APPEND, head_dim=16,
                              head_norm_eps=1e-6, bias=True),
-    "split_k_tail": GemvCase(rows=16, k=40, split_k=2),  # first slice: vectors + a tail; second unaligned
+    # first slice [0, 22): 5 float vectors and a tail of 2 columns (the vector rows' tail path);
+    # second [22, 44): unaligned, the scalar rows
+    "split_k_tail": GemvCase(rows=16, k=44, split_k=2),
     "i8_scalar": GemvCase(rows=24, k=64, quant="i8", group=8),
     "i8_vec": GemvCase(rows=24, k=128, quant="i8", group=32, norm_eps=1e-5),
     "u4_vec": GemvCase(rows=24, k=128, quant="u4", group=32, epilogue=Epilogue.SILU_MUL),

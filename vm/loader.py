@@ -474,6 +474,14 @@ def companion_dtype(program: Program) -> Optional[DType]:
     return companions.pop() if len(companions) == 1 else None
 
 
+def gemv_whole_vecs(task, by_id: dict[int, Buffer]) -> bool:
+    """Does a GEMV task's K slice span whole 16-byte vectors of its weight's dtype? A vector-row
+    task (gemv_vec_rows) that does not has a tail of scalar columns, which a build with
+    AMK_GEMV_WHOLE_VECS leaves out (the device then reports the task, instructions/gemv.cuh)."""
+    w = by_id[task.inputs[0].buf]
+    return (task.params.k_hi - task.params.k_lo) % (128 // DTYPE_BITS[w.dtype]) == 0
+
+
 def _dtype_mask(dtypes) -> int:
     """Bit d set for every AmkDType code d among `dtypes` (at least one bit: 0 is F32)."""
     mask = 0
