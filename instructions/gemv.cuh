@@ -291,11 +291,12 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 
 // A row's columns past its whole vectors (from col0), then the sum over its L lanes, which every
 // one of them gets. valid false: the lane group has no row (it still takes part in the shuffles).
-// AMK_GEMV_WHOLE_VECS (experiment, off; eval/PERF_NOTES.md item 207): the tail left out of the
-// build, for programs whose every vector-row GEMV spans whole vectors (loader.gemv_whole_vecs:
-// every lowered Llama); a task with a tail reports "unsupported dtype" (amk_gemv_rows). Its loop
-// of scalar weight loads sits in both rows loops' row end, the kind of never-taken branch in a
-// hot loop that items 198 and 206 took out.
+// AMK_GEMV_WHOLE_VECS (0 = off; the loader sets it for float-weight loads-ahead builds where
+// every GEMV spans whole vectors: loader._whole_vecs_define): the tail left out of the build; a
+// vector-row task with a tail reports "unsupported dtype" (amk_gemv_rows). Its loop of scalar
+// weight loads sits in both rows loops' row end, the kind of never-taken branch in a hot loop
+// that items 198 and 206 took out. On an H200 (eval/PERF_NOTES.md item 207): the 1B (loads
+// ahead) -0.73 %, the SmolLM2 shape (plain loop) +0.24 %.
 #ifndef AMK_GEMV_WHOLE_VECS
 #define AMK_GEMV_WHOLE_VECS 0
 #endif

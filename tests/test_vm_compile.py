@@ -487,6 +487,20 @@ def test_pack_only_wide_define(model, cfg, want):
     assert loader.PackedProgram(prog).defines.get("AMK_ATTN_ONLY_WIDE") == want
 
 
+@pytest.mark.parametrize("cfg,want", [(dict(gemv_loads_ahead=True), 1),
+                                      (dict(gemv_loads_ahead=True, quant="int8"), None),
+                                      (dict(gemv_loads_ahead=True, quant="int4"), None),
+                                      (dict(gemv_loads_ahead=False), None)])
+def test_pack_whole_vecs_define(cfg, want):
+    """The vector rows' tail is left out (AMK_GEMV_WHOLE_VECS) only in loads-ahead builds (it lost
+    in the plain loop: eval/PERF_NOTES.md item 207) of float weights (U4 builds spill with it;
+    int8 is not measured), and where every GEMV spans whole vectors."""
+    from vm_cases import lowered
+
+    prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)
+    assert loader.PackedProgram(prog).defines.get("AMK_GEMV_WHOLE_VECS") == want
+
+
 @pytest.mark.parametrize("case", ["llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4",
                                   "llama-gqa-tied/int8_asym", "llama-gqa-tied/o_proj_kv_slices", "smollm2-like",
                                   "llama-hd128", "qwen2-bias"])

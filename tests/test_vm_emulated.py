@@ -261,10 +261,13 @@ def test_lowered_model_specialized_build(tmp_path, model, cfg):
     CudaVM compiles: PackedProgram.defines), against the ReferenceVM: bias, head norm, split-K
     REDUCE and the unfused ops each reach a build that compiles them, and a bf16 program the
     build without the split-layout attention passes (AMK_ATTN_ONLY_WIDE); every one the build
-    without the GEMV's scalar rows (AMK_GEMV_ONLY_VEC)."""
+    without the GEMV's scalar rows (AMK_GEMV_ONLY_VEC), and a loads-ahead one (as 'auto' makes
+    these) the build without the rows' tail (AMK_GEMV_WHOLE_VECS)."""
     prog, t = lowered(model, max_queues=4, threads_per_block=64, **cfg)
     defines = PackedProgram(prog).defines
     assert defines["AMK_OPS"] != 0xFFF and defines["AMK_GEMV_ONLY_VEC"] == 1
+    ahead = knob_defines(prog).get("AMK_GEMV_LOADS_AHEAD")
+    assert defines.get("AMK_GEMV_WHOLE_VECS") == (1 if ahead else None)
     lib = build(tmp_path, {**defines, **knob_defines(prog)})
     run_both(lambda p, tt: EmuVM(p, tt, lib), prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
