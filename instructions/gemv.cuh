@@ -791,6 +791,18 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_ONLY_VEC 0
 #endif
 
+// AMK_GEMV_AHEAD_MULTI (experiment, 0 = off; eval/PERF_NOTES.md item 208): in a build of the plain
+// loop, the loads-ahead loop for tasks whose lane groups take more than N rows each (the
+// SmolLM2 shape's LM head: ~370 rows a task, 1.8 TB/s in the plain loop, where the 1B's streams
+// 3.75 in the loads-ahead one; its layers' tasks take one row a lane group and keep the plain
+// loop, which beats the loads-ahead one there: item 170). Item 171 tried the same choice and
+// lost 3.6 %, with a run-time division (32 / L) ahead of every task's first loads; here it is
+// a multiplication by a shift of the warp size. Both loops' sums are in the same order: the
+// results are bit for bit the plain loop's.
+#ifndef AMK_GEMV_AHEAD_MULTI
+#define AMK_GEMV_AHEAD_MULTI 0
+#endif
+
 // Rows [0, rows) of the task into acc; false where this build left their path out.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
@@ -815,6 +827,15 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
       return true;
     }
   }
+#if AMK_GEMV_AHEAD_MULTI
+  if constexpr (!AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
+    // rows a step of all the block's lane groups: warps x (warp size / lanes a row)
+    if (vec && rows > AMK_GEMV_AHEAD_MULTI * (amk_nwarps() * (AMK_WARP_SIZE >> amk_log2_pow2(amk_gemv_lanes<DT, PAIR>(K))))) {
+      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
+      return true;
+    }
+  }
+#endif
   if (vec) {
     const int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L), per_warp = AMK_WARP_SIZE >> lg;
     const int sub = amk_lane() & (L - 1);  // (shifts and masks: no division ahead of the first loads)

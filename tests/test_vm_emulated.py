@@ -99,6 +99,17 @@ def test_gemv_loads_ahead(emu, monkeypatch, name):
         run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
 
 
+@pytest.mark.parametrize("name", ["store", "many_rows", "tail_rows_pair", "u4_many_rows", "i8_pair_rows_rounds"])
+def test_gemv_loads_ahead_for_multi_row_tasks(emu, monkeypatch, name):
+    """AMK_GEMV_AHEAD_MULTI (experiment, eval/PERF_NOTES.md item 208): a plain-loop build takes the
+    loads-ahead loop for tasks whose lane groups take several rows (many_rows, u4_many_rows,
+    i8_pair_rows_rounds: a result changed there fails them), the plain loop for the others (store,
+    tail_rows_pair): the ReferenceVM's results either way."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_AHEAD_MULTI=1,AMK_GEMV_LOADS_AHEAD=0")
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+
+
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):

@@ -468,7 +468,7 @@ def _only_vec_define(program: Program) -> dict[str, int]:
 
 def _whole_vecs_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_GEMV_WHOLE_VECS where the GEMVs take the loads-ahead loop (the program's
-    gemv_loads_ahead) and every vector-row task spans whole vectors (gemv_whole_vecs): the rows'
+    gemv_loads_ahead) and every GEMV task spans whole vectors (gemv_whole_vecs): the rows'
     tail is left out of the build (eval/PERF_NOTES.md item 207: the bf16 1B -0.73 % on the H200;
     in the plain loop, SmolLM2's, +0.24 %, so not there). Float weights only: the U4 builds spill
     with it, and the int8 ones are not yet measured with it (the experiment define runs them)."""
