@@ -901,15 +901,6 @@ AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* 
 #define AMK_GEMV_NORM_ONE_BARRIER 1
 #endif
 
-// AMK_GEMV_WHOLE_ROWS (experiment, off; eval/PERF_NOTES.md item 204): the paths of a GEMV task
-// that holds a K slice (split-K: the partial sums' store, the norm's RMS of a row it stages only
-// in part) left out of the build, for programs whose every GEMV spans its whole K (no split-K,
-// no o_proj_kv_slices: every lowered Llama by default). Any other task reports a bad op. The
-// kind of never-taken branch in a hot op that item 198 found worth ~2 %.
-#ifndef AMK_GEMV_WHOLE_ROWS
-#define AMK_GEMV_WHOLE_ROWS 0
-#endif
-
 // The combine prologue: x is the attention output of every KV head, combined from the partials
 // (combine.cuh) and rounded to y's dtype, where the standalone combine would have stored it.
 // cw: the combine's shared memory (amk_combine_smem_words).
@@ -981,12 +972,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
     return;
   }
-#if AMK_GEMV_WHOLE_ROWS  // (a test of its own: in the one above, it moved the default builds' PTX)
-  if (t.ip[AMK_P_SPLIT_K] > 1 || k_lo != 0 || K != t.ip[AMK_P_K]) {  // a K slice, which this build left out
-    if (threadIdx.x == 0) amk_report(c, AMK_ERR_BAD_OP, t.op);
-    return;
-  }
-#endif
   if (AMK_DIAG_PROLOGUE == 1) amk_trace_mark(c, 0);  // the op's entry
   for (int pass = 0; pass < (AMK_DIAG_PROLOGUE == 2 ? 2 : 1); ++pass) {  // (one pass but in the diagnostic)
     if (pass == 1) {  // the same again, warm
@@ -1015,7 +1000,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
       const int hidden = t.ip[AMK_P_K];
       const float eps = t.fp[AMK_F_NORM_EPS];
       float inv;
-      if (AMK_GEMV_WHOLE_ROWS || (k_lo == 0 && K == hidden)) {  // the whole row is staged
+      if (k_lo == 0 && K == hidden) {  // the whole row is staged
         if (!AMK_GEMV_NORM_ONE_BARRIER) {  // its squares come from shared memory
           amk_syncthreads();
           for (int i = threadIdx.x; i < K; i += blockDim.x) ss += xs[xp.at(i)] * xs[xp.at(i)];
@@ -1066,7 +1051,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   if (AMK_DIAG_PROLOGUE == 0) amk_trace_mark(c, 1);  // rows done
   if (AMK_DIAG_PROLOGUE == 2) amk_trace_mark(c, 2);
 
-  if (!AMK_GEMV_WHOLE_ROWS && t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
+  if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
     const AmkOperand& y = t.out[0];
     const AmkBuffer& yb = amk_buf(c, y);
     for (int e = threadIdx.x; e < rows * m; e += blockDim.x) amk_store(yb, amk_flat(y, e), acc[e]);

@@ -406,18 +406,6 @@ def test_build_without_the_scalar_rows(emu, monkeypatch):
         emu(prog, t).run_step(PROMPT[0], 0)
 
 
-def test_build_without_k_slices(emu, monkeypatch):
-    """AMK_GEMV_WHOLE_ROWS (experiment, eval/PERF_NOTES.md item 204) leaves out a GEMV task's
-    K-slice paths (split-K's partial sums, the norm of a row staged in part): the same results
-    without split-K, and an error, not a wrong answer, with it."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_WHOLE_ROWS=1")
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
-    prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, split_k=2)
-    with pytest.raises(VMError, match="bad op"):
-        emu(prog, t).run_step(PROMPT[0], 0)
-
-
 def test_build_with_one_score_tile(emu, monkeypatch):
     """AMK_ATTN_ONE_TILE (experiment, eval/PERF_NOTES.md item 205) leaves out the later tiles'
     second score pass: the same results where every split fits its cached scores (a lowered bf16
