@@ -821,14 +821,15 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     }
   }
 #endif
-  if constexpr (AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
+  constexpr bool ahead_loop = !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8);  // (asymmetric int8 has none)
+  if constexpr (AMK_GEMV_LOADS_AHEAD && ahead_loop) {
     if (vec) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
       return true;
     }
   }
 #if AMK_GEMV_AHEAD_MULTI
-  if constexpr (!AMK_GEMV_LOADS_AHEAD && !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8)) {
+  if constexpr (!AMK_GEMV_LOADS_AHEAD && ahead_loop) {
     // rows a step of all the block's lane groups: warps x (warp size / lanes a row)
     if (vec && rows > AMK_GEMV_AHEAD_MULTI * (amk_nwarps() * (AMK_WARP_SIZE >> amk_log2_pow2(amk_gemv_lanes<DT, PAIR>(K))))) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);

@@ -350,6 +350,23 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         assert torch.equal(a["next_token"], b["next_token"])
 
 
+def run_where_the_mirror_says(emu, name: str, needs) -> tuple:
+    """GEMV case `name` in the build $AMK_VM_DEFINES names, which leaves a path out: the device
+    reports "unsupported dtype" where `needs(task, by_id, qcomp)` (a loader mirror) says a GEMV
+    task needs that path, and computes the ReferenceVM's results where none does. Returns the
+    program and the per-task flags."""
+    prog, t = gemv_program(GEMV_CASES[name], seed=3)
+    qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
+    by_id = {b.id: b for b in prog.buffers}
+    flags = [needs(task, by_id, qcomp) for task in prog.tasks if task.params.op == Op.GEMV]
+    if any(flags):
+        with pytest.raises(VMError, match="unsupported dtype"):
+            emu(prog, t).run_step(2, 0)
+    else:
+        run_both(emu, prog, t, [(2, 0), (1, 1)])
+    return prog, flags
+
+
 @pytest.mark.parametrize("name", ["store", "store_odd_scalar", "split_k_tail", "i8_scalar", "i8_vec",
                                   "u4_scalar_split", "u4_vec_split", "i8_g64_split"])
 def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
@@ -357,39 +374,24 @@ def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
     a build without them (AMK_GEMV_ONLY_VEC) computes the case where every task streams vectors
     and reports the error where one does not."""
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_ONLY_VEC=1")
-    prog, t = gemv_program(GEMV_CASES[name], seed=3)
-    qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
-    by_id = {b.id: b for b in prog.buffers}
-    vec = [gemv_vec_rows(task, by_id, qcomp) for task in prog.tasks if task.params.op == Op.GEMV]
+    prog, scalar = run_where_the_mirror_says(emu, name, lambda task, by_id, qcomp: not gemv_vec_rows(task, by_id, qcomp))
     # the loader's build leaves the scalar rows out exactly then: with the device's test pinned
-    # to the mirror below, no program the loader builds reaches the error
-    assert PackedProgram(prog).defines.get("AMK_GEMV_ONLY_VEC") == (1 if all(vec) else None)
-    if all(vec):
-        run_both(emu, prog, t, [(2, 0), (1, 1)])
-    else:
-        with pytest.raises(VMError, match="unsupported dtype"):
-            emu(prog, t).run_step(2, 0)
+    # to the mirror above, no program the loader builds reaches the error
+    assert PackedProgram(prog).defines.get("AMK_GEMV_ONLY_VEC") == (None if any(scalar) else 1)
     # (the cases named so, and split_k_tail's unaligned second slice, take them)
-    assert ("scalar" in name or name == "split_k_tail") == (not all(vec))
+    assert ("scalar" in name or name == "split_k_tail") == any(scalar)
 
 
 @pytest.mark.parametrize("name", ["store", "split_k_tail", "store_odd_scalar", "u4_vec_split"])
 def test_gemv_whole_vecs_is_the_devices_test(emu, monkeypatch, name):
-    """AMK_GEMV_WHOLE_VECS (experiment, eval/PERF_NOTES.md item 207) leaves out the vector rows'
-    tail past their whole vectors: a program computes where loader.gemv_whole_vecs holds for
-    every vector-row task (scalar-row tasks need no tail: store_odd_scalar), and reports the
-    error where one has a tail (split_k_tail's first slice: 5 float vectors and 2 columns)."""
+    """AMK_GEMV_WHOLE_VECS (eval/PERF_NOTES.md item 207; the loader sets it for float-weight
+    loads-ahead builds) leaves out the vector rows' tail past their whole vectors: a program
+    computes where loader.gemv_whole_vecs holds for every vector-row task (scalar-row tasks need no
+    tail: store_odd_scalar), and reports the error where one has a tail (split_k_tail's first
+    slice: 5 float vectors and 2 columns)."""
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_WHOLE_VECS=1")
-    prog, t = gemv_program(GEMV_CASES[name], seed=3)
-    qcomp = knob_defines(prog).get("AMK_QCOMP_DTYPE", -1)
-    by_id = {b.id: b for b in prog.buffers}
-    tail = [gemv_vec_rows(task, by_id, qcomp) and not gemv_whole_vecs(task, by_id)
-            for task in prog.tasks if task.params.op == Op.GEMV]
-    if any(tail):
-        with pytest.raises(VMError, match="unsupported dtype"):
-            emu(prog, t).run_step(2, 0)
-    else:
-        run_both(emu, prog, t, [(2, 0), (1, 1)])
+    _, tail = run_where_the_mirror_says(
+        emu, name, lambda task, by_id, qcomp: gemv_vec_rows(task, by_id, qcomp) and not gemv_whole_vecs(task, by_id))
     assert any(tail) == (name == "split_k_tail")
 
 

@@ -330,8 +330,9 @@ class PackedProgram:
         # this program uses; the kernel is one function and its size costs instruction fetches.
         self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
-                        **_score_block_define(program, gemv_wdtypes), **_only_wide_define(program, gemv_wdtypes),
-                        **_only_vec_define(program), **_whole_vecs_define(program, gemv_wdtypes)}
+                        **_score_block_define(program, gemv_wdtypes),
+                        **_only_wide_define(program, by_id, gemv_wdtypes), **_only_vec_define(program, by_id),
+                        **_whole_vecs_define(program, by_id, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -400,7 +401,7 @@ def attn_wide_rows(buffer: Buffer, off: int, head_dim: int) -> bool:
     return head_dim % 32 == 0 and 1 <= groups <= WARP and groups & (groups - 1) == 0
 
 
-def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
+def _only_wide_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_ATTN_ONLY_WIDE where every ATTN_PARTIAL's K and V rows take the wide passes: the
     split-layout passes are left out of the build (eval/PERF_NOTES.md item 198: SmolLM2 shape
     -2.1 %, 1B -0.6 %; int8 -2.4 % and -1.35 %, on the H200). Not with U4 GEMV weights, whose
@@ -411,7 +412,6 @@ def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, i
     combine_in_gemv = any(t.params.op == Op.GEMV and t.params.combine_splits > 0 for t in program.tasks)
     if not partials or DType.U4 in gemv_wdtypes or combine_in_gemv:
         return {}
-    by_id = {b.id: b for b in program.buffers}
     for t in partials:
         for cache in t.inputs[1:3]:  # k, v (opspec: q, k, v, pos)
             if not attn_wide_rows(by_id[cache.buf], cache.off, t.params.head_dim):
@@ -420,6 +420,11 @@ def _only_wide_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, i
 
 
 _FLOAT_DTYPES = (DType.F32, DType.BF16, DType.F16)
+
+
+def vector_elems(dtype: DType) -> int:
+    """Elements of `dtype` in a 16-byte vector, the unit the GEMV rows stream (AmkWFmt::VEC)."""
+    return 128 // DTYPE_BITS[dtype]
 
 
 def gemv_vec_rows(task, by_id: dict[int, Buffer], qcomp_dtype: int = -1) -> bool:
@@ -435,7 +440,7 @@ def gemv_vec_rows(task, by_id: dict[int, Buffer], qcomp_dtype: int = -1) -> bool
     k_lo, k = p.k_lo, p.k_hi - p.k_lo
     for prefix in ("w", "w2") if "w2" in ops else ("w",):
         w = by_id[ops[prefix].buf]
-        vec = 128 // DTYPE_BITS[w.dtype]  # elements of a 16-byte vector
+        vec = vector_elems(w.dtype)
         if ops[prefix].off % vec or ops[prefix].stride % vec:
             return False
         companions = [ops[r] for r in (f"{prefix}_scale", f"{prefix}_zero") if r in ops]
@@ -454,19 +459,18 @@ def gemv_vec_rows(task, by_id: dict[int, Buffer], qcomp_dtype: int = -1) -> bool
     return True
 
 
-def _only_vec_define(program: Program) -> dict[str, int]:
+def _only_vec_define(program: Program, by_id: dict[int, Buffer]) -> dict[str, int]:
     """AMK_GEMV_ONLY_VEC where every GEMV task streams aligned vectors (gemv_vec_rows, with the
     companions' dtype the build will name): the scalar rows are left out of the build
     (eval/PERF_NOTES.md items 203 and 206: SmolLM2 shape -0.8 %, 1B -0.4 % on the H200)."""
     gemvs = [t for t in program.tasks if t.params.op == Op.GEMV]
-    by_id = {b.id: b for b in program.buffers}
     qcomp = companion_dtype(program)
     if gemvs and all(gemv_vec_rows(t, by_id, -1 if qcomp is None else int(qcomp)) for t in gemvs):
         return {"AMK_GEMV_ONLY_VEC": 1}
     return {}
 
 
-def _whole_vecs_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
+def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_GEMV_WHOLE_VECS where the GEMVs take the loads-ahead loop (the program's
     gemv_loads_ahead) and every GEMV task spans whole vectors (gemv_whole_vecs): the rows'
     tail is left out of the build (eval/PERF_NOTES.md item 207: the bf16 1B -0.73 % on the H200;
@@ -475,7 +479,6 @@ def _whole_vecs_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, 
     gemvs = [t for t in program.tasks if t.params.op == Op.GEMV]
     if not gemvs or gemv_wdtypes & {DType.I8, DType.U4} or _vm_meta(program).get("gemv_loads_ahead") is not True:
         return {}
-    by_id = {b.id: b for b in program.buffers}
     return {"AMK_GEMV_WHOLE_VECS": 1} if all(gemv_whole_vecs(t, by_id) for t in gemvs) else {}
 
 
@@ -492,7 +495,7 @@ def gemv_whole_vecs(task, by_id: dict[int, Buffer]) -> bool:
     task (gemv_vec_rows) that does not has a tail of scalar columns, which a build with
     AMK_GEMV_WHOLE_VECS leaves out (the device then reports the task, instructions/gemv.cuh)."""
     w = by_id[task.inputs[0].buf]
-    return (task.params.k_hi - task.params.k_lo) % (128 // DTYPE_BITS[w.dtype]) == 0
+    return (task.params.k_hi - task.params.k_lo) % vector_elems(w.dtype) == 0
 
 
 def _dtype_mask(dtypes) -> int:
