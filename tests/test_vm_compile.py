@@ -488,13 +488,16 @@ def test_pack_only_wide_define(model, cfg, want):
 
 
 @pytest.mark.parametrize("cfg,want", [(dict(gemv_loads_ahead=True), 1),
-                                      (dict(gemv_loads_ahead=True, quant="int8"), None),
+                                      (dict(gemv_loads_ahead=True, quant="int8"), 1),
+                                      (dict(gemv_loads_ahead=True, quant="int8", quant_group=32, quant_asym=True), None),
                                       (dict(gemv_loads_ahead=True, quant="int4"), None),
-                                      (dict(gemv_loads_ahead=False), None)])
+                                      (dict(gemv_loads_ahead=False), None),
+                                      (dict(gemv_loads_ahead=False, quant="int8"), None)])
 def test_pack_whole_vecs_define(cfg, want):
     """The vector rows' tail is left out (AMK_GEMV_WHOLE_VECS) only in loads-ahead builds (it lost
-    in the plain loop: eval/PERF_NOTES.md item 207) of float weights (U4 builds spill with it;
-    int8 is not measured), and where every GEMV spans whole vectors."""
+    in the plain loop: eval/PERF_NOTES.md item 207) of float or symmetric int8 weights (item 209;
+    U4 builds spill with it; asymmetric int8 is not measured), and where every GEMV spans whole
+    vectors."""
     from vm_cases import lowered
 
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)

@@ -473,11 +473,12 @@ def _only_vec_define(program: Program, by_id: dict[int, Buffer]) -> dict[str, in
 def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_GEMV_WHOLE_VECS where the GEMVs take the loads-ahead loop (the program's
     gemv_loads_ahead) and every GEMV task spans whole vectors (gemv_whole_vecs): the rows'
-    tail is left out of the build (eval/PERF_NOTES.md item 207: the bf16 1B -0.73 % on the H200;
-    in the plain loop, SmolLM2's, +0.24 %, so not there). Float weights only: the U4 builds spill
-    with it, and the int8 ones are not yet measured with it (the experiment define runs them)."""
+    tail is left out of the build (eval/PERF_NOTES.md items 207 and 209: on the H200 the bf16 1B
+    -0.73 %, the int8 1B -1.14 %; in the plain loop, SmolLM2's, +0.24 %, so not there). Not with
+    U4 weights, whose builds spill with it, nor asymmetric int8 (I8 with zeros), not measured."""
     gemvs = [t for t in program.tasks if t.params.op == Op.GEMV]
-    if not gemvs or gemv_wdtypes & {DType.I8, DType.U4} or _vm_meta(program).get("gemv_loads_ahead") is not True:
+    asym = any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers)
+    if not gemvs or DType.U4 in gemv_wdtypes or asym or _vm_meta(program).get("gemv_loads_ahead") is not True:
         return {}
     return {"AMK_GEMV_WHOLE_VECS": 1} if all(gemv_whole_vecs(t, by_id) for t in gemvs) else {}
 
