@@ -259,6 +259,13 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // head in a register over all its rows: one warp reduction and one shared atomic per head and
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
+// AMK_ATTN_K_AHEAD (experiment, off; eval/PERF_NOTES.md item 213): at the pass's start each lane
+// hints its rows of the later rounds into the L1, so that a split of several rounds (the 1B's 512
+// rows at ctx 8192: 4 rounds of 128 at head_dim 64) waits on one K round trip, not one a round.
+// A hint only: the loads and sums are unchanged, and the rows were written before the wait.
+#ifndef AMK_ATTN_K_AHEAD
+#define AMK_ATTN_K_AHEAD 0
+#endif
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   constexpr int HB = AMK_ATTN_SCORE_HB;
@@ -267,6 +274,9 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   const int R = lr.R, grp = lr.grp, sub = lr.sub;
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
+#if AMK_ATTN_K_AHEAD
+  for (int j = ja + amk_warp() * R + step + grp; j < jb; j += step) amk_prefetch_l1(base + (amk_i64)j * K.width * 2);
+#endif
 #pragma unroll 1
   for (int hb = 0; hb < qh; hb += HB) {
     int key[HB];  // this lane's largest key per head of the block, over its rows

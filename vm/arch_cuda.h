@@ -72,6 +72,8 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
 
 // Hint the L2 to fetch the line holding p (immutable data only).
 AMK_DEVICE void amk_prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// The same into this SM's L1 (data the launch wrote: only after the wait that ordered its writes).
+AMK_DEVICE void amk_prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // ---------------------------------------------------------------- warps
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor_sync(AMK_FULL_MASK, v, mask, AMK_WARP_SIZE); }

@@ -51,6 +51,7 @@ AMK_DEVICE unsigned long long amk_timer_ns() { return __builtin_amdgcn_s_memreal
 
 // gfx9 has no L2 prefetch instruction: weights are fetched on first touch.
 AMK_DEVICE void amk_prefetch_l2(const void*) {}
+AMK_DEVICE void amk_prefetch_l1(const void*) {}
 
 // ---------------------------------------------------------------- wavefronts
 AMK_DEVICE float amk_shfl_xor(float v, int mask) { return __shfl_xor(v, mask, AMK_WARP_SIZE); }

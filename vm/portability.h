@@ -5,7 +5,7 @@
 //   vm/arch_hip.h   AMD (__hip_atomic_* with __HIP_MEMORY_SCOPE_AGENT, wave64, s_sleep, ...)
 // Each provides: AMK_DEVICE, AMK_DEVICE_NOINLINE, AMK_WARP_SIZE (overridable with -DAMK_WARP_SIZE=..),
 // amk_ld_acquire_gpu, amk_release_add_gpu, amk_fence_gpu, amk_ld_volatile, amk_nanosleep,
-// amk_timer_ns, amk_prefetch_l2, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
+// amk_timer_ns, amk_prefetch_l2, amk_prefetch_l1, amk_shfl_xor[_int], amk_syncthreads, amk_syncwarp,
 // amk_ld16_weight, amk_log2_pow2, bf16/f16 <-> f32 conversions and the exact arithmetic helpers (amk_mul,
 // amk_add, amk_sub, amk_div, amk_rsqrt; the rest of the math is below), and the
 // shared-memory declarations AMK_BLOCK_SHARED(type, name) / AMK_DYNAMIC_SHARED(name).

@@ -72,6 +72,7 @@ AMK_DEVICE unsigned long long amk_timer_ns() {
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 AMK_DEVICE void amk_prefetch_l2(const void*) {}
+AMK_DEVICE void amk_prefetch_l1(const void*) {}
 AMK_DEVICE int atomicCAS(int* p, int cmp, int val) {
   __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;
