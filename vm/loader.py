@@ -473,14 +473,19 @@ def _only_vec_define(program: Program, by_id: dict[int, Buffer]) -> dict[str, in
 def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_GEMV_WHOLE_VECS where the GEMVs take the loads-ahead loop (the program's
     gemv_loads_ahead) and every GEMV task spans whole vectors (gemv_whole_vecs): the rows'
-    tail is left out of the build (eval/PERF_NOTES.md items 207 and 209: on the H200 the bf16 1B
+    tail is left out of the build (eval/PERF_NOTES.md items 207 and 211: on the H200 the bf16 1B
     -0.73 %, the int8 1B -1.14 %; in the plain loop, SmolLM2's, +0.24 %, so not there). Not with
     U4 weights, whose builds spill with it, nor asymmetric int8 (I8 with zeros), not measured."""
     gemvs = [t for t in program.tasks if t.params.op == Op.GEMV]
-    asym = any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers)
-    if not gemvs or DType.U4 in gemv_wdtypes or asym or _vm_meta(program).get("gemv_loads_ahead") is not True:
+    if (not gemvs or DType.U4 in gemv_wdtypes or _has_i8_zeros(program)
+            or _vm_meta(program).get("gemv_loads_ahead") is not True):
         return {}
     return {"AMK_GEMV_WHOLE_VECS": 1} if all(gemv_whole_vecs(t, by_id) for t in gemvs) else {}
+
+
+def _has_i8_zeros(program: Program) -> bool:
+    """Asymmetric int8 (ScheduleConfig.quant_asym): an I8 buffer with zeros."""
+    return any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers)
 
 
 def companion_dtype(program: Program) -> Optional[DType]:
@@ -547,7 +552,7 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_PARTIALS"] = 1
     if any(t.params.op == Op.GEMV and t.params.argmax_pair_base is not None for t in program.tasks):
         out["AMK_GEMV_ARGMAX"] = 1
-    if any(b.dtype == DType.I8 and b.zero is not None for b in program.buffers):
+    if _has_i8_zeros(program):
         out["AMK_GEMV_I8_ZERO"] = 1
     qcomp = companion_dtype(program)
     if qcomp is not None:
