@@ -260,9 +260,9 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
 // AMK_ATTN_K_AHEAD (experiment, off; eval/PERF_NOTES.md item 213): at the pass's start each lane
-// hints its rows of the later rounds into the L1, so that a split of several rounds (the 1B's 512
-// rows at ctx 8192: 4 rounds of 128 at head_dim 64) waits on one K round trip, not one a round.
-// A hint only: the loads and sums are unchanged, and the rows were written before the wait.
+// hints its rows of the later rounds into the L1, for splits of several rounds (the 1B's 512 rows
+// at ctx 8192: 4 rounds of 128 at head_dim 64). Measured there on an H200: -0.23 %, so the rounds'
+// chains, not their K round trips, set the pass. A hint only: loads and sums are unchanged.
 #ifndef AMK_ATTN_K_AHEAD
 #define AMK_ATTN_K_AHEAD 0
 #endif

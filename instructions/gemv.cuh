@@ -291,12 +291,12 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 
 // A row's columns past its whole vectors (from col0), then the sum over its L lanes, which every
 // one of them gets. valid false: the lane group has no row (it still takes part in the shuffles).
-// AMK_GEMV_WHOLE_VECS (0 = off; the loader sets it for float-weight loads-ahead builds where
-// every GEMV spans whole vectors: loader._whole_vecs_define): the tail left out of the build; a
-// vector-row task with a tail reports "unsupported dtype" (amk_gemv_rows). Its loop of scalar
-// weight loads sits in both rows loops' row end, the kind of never-taken branch in a hot loop
-// that items 198 and 206 took out. On an H200 (eval/PERF_NOTES.md item 207): the 1B (loads
-// ahead) -0.73 %, the SmolLM2 shape (plain loop) +0.24 %.
+// AMK_GEMV_WHOLE_VECS (0 = off; the loader sets it for float and symmetric int8 loads-ahead builds
+// where every GEMV spans whole vectors: loader._whole_vecs_define): the tail left out; a vector-row
+// task with a tail reports "unsupported dtype" (amk_gemv_rows). Its loop of scalar weight loads
+// sits in both rows loops' row end, a never-taken branch in a hot loop as items 198 and 206 took
+// out. On an H200 (eval/PERF_NOTES.md items 207, 211, 212): loads ahead, 1B -0.73 %, int8 1B
+// -1.14 %, 8B -1.17 %; the SmolLM2 shape's plain loop +0.24 %, so not there.
 #ifndef AMK_GEMV_WHOLE_VECS
 #define AMK_GEMV_WHOLE_VECS 0
 #endif

@@ -495,7 +495,7 @@ def test_pack_only_wide_define(model, cfg, want):
                                       (dict(gemv_loads_ahead=False, quant="int8"), None)])
 def test_pack_whole_vecs_define(cfg, want):
     """The vector rows' tail is left out (AMK_GEMV_WHOLE_VECS) only in loads-ahead builds (it lost
-    in the plain loop: eval/PERF_NOTES.md item 207) of float or symmetric int8 weights (item 209;
+    in the plain loop: eval/PERF_NOTES.md item 207) of float or symmetric int8 weights (item 211;
     U4 builds spill with it; asymmetric int8 is not measured), and where every GEMV spans whole
     vectors."""
     from vm_cases import lowered

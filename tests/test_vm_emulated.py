@@ -384,8 +384,8 @@ def test_gemv_vec_rows_is_the_devices_test(emu, monkeypatch, name):
 
 @pytest.mark.parametrize("name", ["store", "split_k_tail", "store_odd_scalar", "u4_vec_split"])
 def test_gemv_whole_vecs_is_the_devices_test(emu, monkeypatch, name):
-    """AMK_GEMV_WHOLE_VECS (eval/PERF_NOTES.md item 207; the loader sets it for float-weight
-    loads-ahead builds) leaves out the vector rows' tail past their whole vectors: a program
+    """AMK_GEMV_WHOLE_VECS (eval/PERF_NOTES.md items 207, 211; the loader sets it for float and
+    symmetric int8 loads-ahead builds) leaves out the vector rows' tail past their whole vectors: a program
     computes where loader.gemv_whole_vecs holds for every vector-row task (scalar-row tasks need no
     tail: store_odd_scalar), and reports the error where one has a tail (split_k_tail's first
     slice: 5 float vectors and 2 columns)."""
