@@ -504,6 +504,26 @@ def test_pack_whole_vecs_define(cfg, want):
     assert loader.PackedProgram(prog).defines.get("AMK_GEMV_WHOLE_VECS") == want
 
 
+@pytest.mark.parametrize("model,kv_capacity,cfg,want", [("llama-gqa-tied", 64, {}, None),
+                                                          ("llama-gqa-tied", 2048, {}, None),
+                                                          ("llama-gqa-tied", 2064, {}, 1),
+                                                          ("llama-gqa-tied", 4096, dict(quant="int8"), 1),
+                                                          ("llama-gqa-tied", 4096, dict(quant="int4"), None),
+                                                          ("llama-hd128", 2048, dict(threads_per_block=512), None),
+                                                          ("llama-hd128", 2064, dict(threads_per_block=512), 1)])
+def test_pack_k_ahead_define(model, kv_capacity, cfg, want):
+    """The score pass hints its later K rounds into the L1 (AMK_ATTN_K_AHEAD) only where a split can
+    have more than one round (eval/PERF_NOTES.md items 213-214): at 16 splits of 16-position blocks,
+    a split passes a round of 128 rows (head_dim 64 and 8 warps, or head_dim 128 and 16 warps) at a
+    capacity past 16 x 128. Not with int4 weights."""
+    from vm_cases import lowered
+
+    prog, _ = lowered(model, dtype="bfloat16", kv_capacity=kv_capacity, **cfg)
+    partial = next(t.params for t in prog.tasks if t.params.op == Op.ATTN_PARTIAL)
+    assert (partial.splits, partial.block) == ((16, 16) if kv_capacity > 1024 else (1, 16))
+    assert loader.PackedProgram(prog).defines.get("AMK_ATTN_K_AHEAD") == want
+
+
 @pytest.mark.parametrize("case", ["llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4",
                                   "llama-gqa-tied/int8_asym", "llama-gqa-tied/o_proj_kv_slices", "smollm2-like",
                                   "llama-hd128", "qwen2-bias"])

@@ -152,10 +152,7 @@ def _P(name: str) -> int:
 
 def attn_score_cap(p, kv_capacity: int) -> int:
     """Scores per q head an ATTN_PARTIAL keeps in shared memory: its largest chunk, bounded."""
-    if kv_capacity <= 0:
-        return 0
-    chunk = math.ceil(math.ceil(kv_capacity / p.splits) / p.block) * p.block
-    return max(0, min(chunk, SCORE_CACHE_WORDS // max(p.q_heads, 1)))
+    return max(0, min(attn_max_chunk(p, kv_capacity), SCORE_CACHE_WORDS // max(p.q_heads, 1)))
 
 
 def _pack_params(p, ip: np.ndarray, fp: np.ndarray, kv_capacity: int, x_pad_shift: int) -> None:
@@ -332,7 +329,8 @@ class PackedProgram:
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
                         **_score_block_define(program, gemv_wdtypes),
                         **_only_wide_define(program, by_id, gemv_wdtypes), **_only_vec_define(program, by_id),
-                        **_whole_vecs_define(program, by_id, gemv_wdtypes)}
+                        **_whole_vecs_define(program, by_id, gemv_wdtypes),
+                        **_k_ahead_define(program, by_id, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -418,6 +416,36 @@ def _only_wide_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: 
                 return {}
     return {"AMK_ATTN_ONLY_WIDE": 1}
 
+
+
+def attn_max_chunk(p, kv_capacity: int) -> int:
+    """An ATTN_PARTIAL's largest split at the program's KV capacity (AttnPartialParams: chunk =
+    ceil(ceil((pos + 1) / splits) / block) * block, largest at the last position)."""
+    return math.ceil(math.ceil(kv_capacity / p.splits) / p.block) * p.block if kv_capacity > 0 else 0
+
+
+def wide_score_rows_a_round(head_dim: int, threads: int) -> int:
+    """Rows the wide score pass loads a round, a block's warps together (amk_attn_scores_wide:
+    head_dim / 32 lanes a row, so WARP / (head_dim / 32) rows a warp)."""
+    return (threads // WARP) * (WARP // (head_dim // 32))
+
+
+def _k_ahead_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
+    """AMK_ATTN_K_AHEAD where some ATTN_PARTIAL's largest split needs more than one round of the
+    wide score pass: each lane hints its rows of the later rounds into the L1 at the pass's start
+    (eval/PERF_NOTES.md items 213-214, H200: the 1B at ctx 8192 -0.23 %). A split of one round
+    issues no hint, and there the code alone measured the 1B +0.05 % and the SmolLM2 shape +0.42 %
+    (ctx 1024), so those builds leave it out. Not with U4 GEMV weights, whose builds spill with
+    any code added (not measured there)."""
+    if DType.U4 in gemv_wdtypes:
+        return {}
+    for t in program.tasks:
+        p = t.params
+        if p.op != Op.ATTN_PARTIAL or not attn_wide_rows(by_id[t.inputs[1].buf], t.inputs[1].off, p.head_dim):
+            continue
+        if attn_max_chunk(p, program.kv_capacity) > wide_score_rows_a_round(p.head_dim, program.threads_per_block):
+            return {"AMK_ATTN_K_AHEAD": 1}
+    return {}
 
 _FLOAT_DTYPES = (DType.F32, DType.BF16, DType.F16)
 
