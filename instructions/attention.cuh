@@ -259,19 +259,15 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // head in a register over all its rows: one warp reduction and one shared atomic per head and
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
-// AMK_ATTN_K_AHEAD (experiment, off; eval/PERF_NOTES.md item 213): at the pass's start each lane
-// hints its rows of the later rounds into the L1, for splits of several rounds (the 1B's 512 rows
-// at ctx 8192: 4 rounds of 128 at head_dim 64). Measured there on an H200: -0.23 %, so the rounds'
-// chains, not their K round trips, set the pass. A hint only: loads and sums are unchanged.
+// AMK_ATTN_K_AHEAD (eval/PERF_NOTES.md items 213-215): at the pass's start each lane hints its rows
+// of the later rounds into the L1, for splits of several rounds (the 1B's 512 rows at ctx 8192: 4
+// rounds of 128 at head_dim 64). Measured there on an H200: -0.23 % and -0.35 %, so the rounds'
+// chains, not their K round trips, set the pass (two row groups loaded a round, so that one's
+// chains overlap the next one's loads, lost 2.5 %: it spills in the combine). A hint only: loads
+// and sums are unchanged. The loader sets it where a split has two full rounds or more
+// (loader._k_ahead_define).
 #ifndef AMK_ATTN_K_AHEAD
 #define AMK_ATTN_K_AHEAD 0
-#endif
-// AMK_ATTN_SCORE_GROUPS (experiment, off at 1; eval/PERF_NOTES.md item 214): the wide score pass
-// loads this many row groups a lane before it scores the first, so a split of several rounds (the
-// 1B's 512 rows at ctx 8192: 4 rounds of 128) waits on 4 / N K round trips and overlaps one
-// group's chains with the next group's loads. 16 registers a lane per group.
-#ifndef AMK_ATTN_SCORE_GROUPS
-#define AMK_ATTN_SCORE_GROUPS 1
 #endif
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
@@ -289,8 +285,13 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
     int key[HB];  // this lane's largest key per head of the block, over its rows
 #pragma unroll
     for (int hh = 0; hh < HB; ++hh) key[hh] = AMK_ATTN_NO_KEY;
-    // one row's scores for the block's heads: its maximum key per head, the first cap cached
-    auto score_row = [&](const amk_u32x4 (&raw)[4], int j) {
+#pragma unroll 1
+    for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
+      const int j = jw + grp;
+      amk_u32x4 raw[4];
+      const char* row = base + (amk_i64)j * K.width * 2;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
       float t[HB];
 #pragma unroll
       for (int hh = 0; hh < HB; ++hh) {
@@ -320,36 +321,7 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
           if (sub == 0 && j - ja < cap) cache[(hb + hh) * cap + (j - ja)] = sc;
         }
       }
-    };
-#if AMK_ATTN_SCORE_GROUPS > 1
-    constexpr int SU = AMK_ATTN_SCORE_GROUPS;
-#pragma unroll 1
-    for (int jw = ja + amk_warp() * R; jw < jb; jw += step * SU) {  // warp-uniform: shuffles below are safe
-      amk_u32x4 raw[SU][4];  // SU row groups' loads in flight before the first is scored
-#pragma unroll
-      for (int u = 0; u < SU; ++u) {
-        const int j = jw + u * step + grp;
-        const char* row = base + (amk_i64)j * K.width * 2;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) raw[u][c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
-      }
-#pragma unroll
-      for (int u = 0; u < SU; ++u) {
-        if (jw + u * step >= jb) break;  // warp-uniform: no row of this warp left
-        score_row(raw[u], jw + u * step + grp);
-      }
     }
-#else
-#pragma unroll 1
-    for (int jw = ja + amk_warp() * R; jw < jb; jw += step) {  // warp-uniform: shuffles below are safe
-      const int j = jw + grp;
-      amk_u32x4 raw[4];
-      const char* row = base + (amk_i64)j * K.width * 2;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
-      score_row(raw, j);
-    }
-#endif
     if (mkey != nullptr) amk_attn_key_max(key, G, &mkey[hb], qh - hb);
   }
 }
