@@ -1,7 +1,7 @@
 // Host emulation of the device primitives (vm/portability.h's seam, selected by
 // -DAMK_ARCH_EMU): the megakernel compiled by g++, every GPU thread an OS thread.
-// Barriers are std::barrier; warp shuffles go through a per-warp exchange array between two
-// warp barriers; counters use GCC atomics with the same acquire/release orders. Used by
+// Barriers are std::barrier; a warp shuffle goes through an exchange array and one warp
+// barrier; counters use GCC atomics with the same acquire/release orders. Used by
 // tests/test_vm_emulated.py to check the kernel code on machines without a GPU.
 #pragma once
 
@@ -33,7 +33,7 @@ struct alignas(16) float4 {
 
 struct AmkEmuBlock {
   explicit AmkEmuBlock(int threads, int smem_bytes)
-      : bar(threads), exch(threads), mma(6 * threads), dyn(smem_bytes / 16 + 1), arena(8192) {
+      : bar(threads), exch(2 * threads), mma(6 * threads), dyn(smem_bytes / 16 + 1), arena(8192) {
     for (int w = 0; w < threads / AMK_WARP_SIZE; ++w) warp_bars.emplace_back(new std::barrier<>(AMK_WARP_SIZE));
   }
   ~AmkEmuBlock() {
@@ -87,13 +87,17 @@ AMK_DEVICE int atomicMax(int* p, int v) {
 }
 AMK_DEVICE void amk_syncthreads() { amk_emu_block->bar.arrive_and_wait(); }
 AMK_DEVICE void amk_syncwarp() { amk_emu_block->warp_bars[threadIdx.x / AMK_WARP_SIZE]->arrive_and_wait(); }
+// One warp barrier a shuffle: consecutive shuffles alternate between two exchange arrays, so a
+// lane may write the next one's value while a slower lane still reads this one's (it cannot get
+// two shuffles ahead: that needs the slow lane at the next barrier, after its read). The futex
+// waits of the warp barriers were most of the emulated tests' time on a 2-core machine.
+inline thread_local unsigned amk_emu_shfl_parity;
 AMK_DEVICE unsigned amk_emu_shfl_xor(unsigned v, int mask) {
   const int t = threadIdx.x, lane = t % AMK_WARP_SIZE;
-  amk_emu_block->exch[t] = v;
+  unsigned* exch = amk_emu_block->exch.data() + (amk_emu_shfl_parity ^= 1u) * blockDim.x;
+  exch[t] = v;
   amk_syncwarp();
-  const unsigned r = amk_emu_block->exch[t - lane + (lane ^ mask)];
-  amk_syncwarp();
-  return r;
+  return exch[t - lane + (lane ^ mask)];
 }
 AMK_DEVICE float amk_shfl_xor(float v, int mask) {
   unsigned u;
