@@ -503,7 +503,11 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
     amk_attn_pv_scatter<N / 2, AMK_WARP_SIZE / 2>(acc, G, lane, off, n);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
+#if defined(__HIPCC__) || defined(__HIPCC_RTC__)
+      if (i >= n) continue;  // clang-19 cannot unroll it with the break in a gfx942 bf16 build without
+#else                        // AMK_ATTN_ONLY_WIDE (acc indexed at run time); nvcc's builds keep theirs
       if (i >= n) break;
+#endif
       const int idx = off + i, hh = idx / D, d = sub * D + idx % D;
       wpart[(warp * HB + hh) * hd + d] = acc[i];
     }

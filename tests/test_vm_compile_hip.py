@@ -10,11 +10,11 @@ import os
 
 import pytest
 
+from amk.vm import compile_check
 from amk.vm import hip_compile_check as hcc
 
 
-@pytest.mark.parametrize("arch", hcc.ARCHS)
-def test_hip_compiles_with_scoped_atomics(arch):
+def _need_clang_for(arch: str) -> None:
     clang = hcc.clang_path()
     if clang is None:
         why = "clang-19 not found (make hip-tools installs clang-19, lld-19, libamdhip64-dev)"
@@ -23,9 +23,26 @@ def test_hip_compiles_with_scoped_atomics(arch):
         pytest.skip(why)
     if not hcc.clang_knows(clang, arch):
         pytest.skip(f"{clang} does not know {arch} (needs a newer LLVM)")
+
+
+@pytest.mark.parametrize("arch", hcc.ARCHS)
+def test_hip_compiles_with_scoped_atomics(arch):
+    _need_clang_for(arch)
     ok, report, asm = hcc.hip_compile(arch)
     assert ok, report
     assert ".amdhsa_kernel amk_megakernel" in asm
+
+
+def test_hip_compiles_a_bf16_build_with_the_split_attention_passes():
+    """A bf16 build that keeps the split-layout attention passes (a program whose KV rows do not
+    all take the wide ones, so the loader sets no AMK_ATTN_ONLY_WIDE) compiles warning-free for
+    gfx942: clang-19 could not unroll the wide P.V pass's write-out loop there (a `break` in it),
+    which -Werror made an error; hiprtc, without -Werror, would have indexed the accumulators at
+    run time. The sm_90 "bf16" build's defines (amk.vm.compile_check) less AMK_ATTN_ONLY_WIDE."""
+    _need_clang_for("gfx942")
+    defines = {k: v for k, v in compile_check.SPECIALIZED["bf16"].items() if k != "AMK_ATTN_ONLY_WIDE"}
+    ok, report, _ = hcc.hip_compile("gfx942", defines=defines)
+    assert ok, report
 
 
 def test_missing_atomics_names_each_absent_sequence():
