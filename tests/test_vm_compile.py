@@ -428,7 +428,8 @@ def test_pack_program_tables():
             for w, wait in zip(rec["waits"], t.waits):
                 assert w["threshold"] == wait.threshold
                 assert w["producers"] == sum(1 for u in prog.tasks if u.out_counter == wait.counter)
-            assert pk.smem_bytes >= 4 * loader.smem_words(t.params, prog.threads_per_block, prog.kv_capacity, wdt)
+            assert pk.smem_bytes >= 4 * loader.smem_words(t.params, prog.threads_per_block, prog.kv_capacity, wdt,
+                                                          prog.target.warp_size)
         table = pk.buffer_table({b.id: 4096 * (i + 1) for i, b in enumerate(prog.buffers)})
         assert table["ptr"].tolist() == [4096 * (i + 1) for i in range(len(prog.buffers))]
         assert table["numel"].tolist() == [b.numel for b in prog.buffers]

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from amk.schedule.ir import BufferKind, DType, Epilogue, Op, Scope
+from amk.schedule.targets import get_target
 from amk.vm.loader import (PackedProgram, VMError, VMHangError, epilogue_staged_words, gemv_vec_rows, gemv_whole_vecs,
                            knob_defines)
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
-from programs import attention_program, gemv_program, lm_head_program, tiny_model_program
+from programs import GemvCase, attention_program, gemv_program, lm_head_program, tiny_model_program
 from vm_cases import (
     ARGMAX_CASES,
     ARGMAX_TOKEN,
@@ -218,6 +219,25 @@ def test_tiny_model(emu, family):
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+@pytest.mark.parametrize("case", ["gemv", "bf16", "int4"])
+def test_amd_programs_on_64_lane_wavefronts(emu, monkeypatch, case):
+    """A program for an AMD target (gfx942: 64-lane wavefronts) on the emulator built with
+    AMK_WARP_SIZE=64 computes what the ReferenceVM does. In the GEMV-only program the GEMV has the
+    largest shared-memory need, a word a lane of it: the loader once sized it for 32-lane warps,
+    and the device refused the step (not enough shared memory)."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_WARP_SIZE=64")
+    if case == "gemv":
+        prog, t = gemv_program(GemvCase(rows=16, k=64))
+        prog, steps = prog.model_copy(update={"target": get_target("gfx942")}), [(2, 0), (1, 1)]
+    else:
+        quant = dict(quant="int4", quant_group=32) if case == "int4" else {}
+        prog, t = lowered("llama-gqa-tied", dtype="bfloat16", target="gfx942", max_queues=4, threads_per_block=128,
+                          **quant)
+        steps = [(tok, pos) for pos, tok in enumerate(PROMPT[:2])]
+    assert prog.target.warp_size == 64
+    run_both(emu, prog, t, steps)
 
 
 @pytest.mark.parametrize("dtype,vec", [("bfloat16", 1), ("bfloat16", 0), ("float32", 0)])

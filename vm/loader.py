@@ -221,15 +221,16 @@ def _x_words(k: int, shift: int) -> int:
     return k + ((k >> shift) * 4 if shift else 0)
 
 
-def smem_words(p, threads: int, kv_capacity: int, wdtype: DType) -> int:
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType, warp: int = WARP) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
     (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
-    a caller that forgot it would size a quantized GEMV's padded x too small)."""
-    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype))
+    a caller that forgot it would size a quantized GEMV's padded x too small; warp: the target's
+    AMK_WARP_SIZE, 64 on the AMD parts)."""
+    return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype), warp)
 
 
-def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
-    op, nwarps = p.op, threads // WARP
+def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, warp: int) -> int:
+    op, nwarps = p.op, threads // warp
     r4 = lambda n: (n + 3) & ~3  # noqa: E731
     if op == Op.GEMV:
         k = p.k_hi - p.k_lo
@@ -241,17 +242,17 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int) -> int:
         if p.combine_splits > 0:
             heads = k // p.combine_head_dim
             combine = r4(2 * heads * p.combine_splits + heads)
-        pair = 2 * WARP if p.argmax_pair_base is not None else 0  # | the argmax pair's reduction
-        return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + WARP + r4(k // XSUM_CHUNK) + norm
+        pair = 2 * warp if p.argmax_pair_base is not None else 0  # | the argmax pair's reduction
+        return (r4(_x_words(k, x_pad_shift)) + r4(p.rows * gemv_rows_width(p)) + warp + r4(k // XSUM_CHUNK) + norm
                 + r4(epilogue_staged_words(p)) + combine + pair)
     if op == Op.REDUCE:
         return p.rows * gemv_rows_width(p)
     if op in (Op.ROPE, Op.HEAD_NORM):
         return p.heads * p.head_dim
     if op == Op.RMSNORM:
-        return WARP
+        return warp
     if op == Op.ARGMAX:
-        return 2 * WARP
+        return 2 * warp
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
         return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
@@ -270,7 +271,7 @@ class PackedProgram:
 
     def __init__(self, program: Program):
         self.program = program
-        threads = program.threads_per_block
+        threads, warp = program.threads_per_block, program.target.warp_size
         self.buffer_index = {b.id: i for i, b in enumerate(program.buffers)}
         self.counter_index = {c.id: i for i, c in enumerate(program.counters)}
         task_index = {t.id: i for i, t in enumerate(program.tasks)}
@@ -320,7 +321,7 @@ class PackedProgram:
             if wdtype not in x_pad_shift:
                 x_pad_shift[wdtype] = gemv_x_pad_shift(wdtype)
             _pack_params(p, rec["ip"], rec["fp"], program.kv_capacity, x_pad_shift[wdtype])
-            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype]))
+            words = max(words, _smem_words(p, threads, program.kv_capacity, x_pad_shift[wdtype], warp))
         self.tasks = recs
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths

@@ -15,7 +15,9 @@
 #include <thread>
 #include <vector>
 
-#define AMK_WARP_SIZE 32
+#ifndef AMK_WARP_SIZE
+#define AMK_WARP_SIZE 32  // 64: the AMD wavefront (tests/test_vm_emulated.py runs a gfx942 program so)
+#endif
 #define AMK_DEVICE inline
 #define AMK_DEVICE_NOINLINE inline
 #define AMK_KERNEL(threads, min_blocks) void
