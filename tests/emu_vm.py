@@ -67,6 +67,8 @@ def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDL
                "-o", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
     dll = ctypes.CDLL(str(lib))
+    warp = [f for f in flags if f.startswith("-DAMK_WARP_SIZE=")]
+    dll.amk_warp_size = int(warp[-1].partition("=")[2]) if warp else 32  # (arch_emu.h's default)
     dll.amk_emu_launch.restype = ctypes.c_int
     dll.amk_emu_launch.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_uint32, ctypes.c_uint64] + [ctypes.c_int] * 4
     _LIBS[key] = dll
@@ -76,6 +78,9 @@ def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDL
 class EmuVM:
     def __init__(self, program: Program, tensors: dict[str, torch.Tensor], lib: ctypes.CDLL, *,
                  spin_timeout_s: float = 5.0, prefetch_depth: int = 1):
+        if lib.amk_warp_size != program.target.warp_size:  # the loader sizes shared memory by the target's
+            raise ValueError(f"an emulator built for {lib.amk_warp_size}-lane warps runs {program.target.name}'s "
+                             f"programs ({program.target.warp_size} lanes): build it with AMK_WARP_SIZE")
         self.program, self.lib = program, lib
         self.packed = PackedProgram(program)
         self.spin_timeout_s, self.prefetch_depth = spin_timeout_s, prefetch_depth

@@ -517,7 +517,7 @@ def test_pack_whole_vecs_define(cfg, want):
                                                           ("llama-hd128", 4096, dict(threads_per_block=512), 1)])
 def test_pack_k_ahead_define(model, kv_capacity, cfg, want):
     """The score pass hints its later K rounds into the L1 (AMK_ATTN_K_AHEAD) only where a split can
-    have two full rounds (eval/PERF_NOTES.md items 213-215): at 16 splits of 16-position blocks, a
+    have two full rounds (eval/PERF_NOTES.md items 213-214): at 16 splits of 16-position blocks, a
     round being 128 rows (head_dim 64 and 8 warps, or head_dim 128 and 16 warps), from a capacity
     of 16 x 256 (3840: 240-row splits). Not with int4 weights."""
     from vm_cases import lowered

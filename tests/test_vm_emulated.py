@@ -48,8 +48,10 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ (C++20) to
 def emu(tmp_path_factory):
     out = tmp_path_factory.mktemp("emu")
 
-    def make(prog, tensors, **kw):  # built with the program's knobs, as the CudaVM's kernel is
-        return EmuVM(prog, tensors, build(out, knob_defines(prog)), **kw)
+    def make(prog, tensors, **kw):  # built with the program's knobs, as the CudaVM's kernel is, and
+        warp = prog.target.warp_size  # for its target's warp size (the loader sizes shared memory by it)
+        defines = {**knob_defines(prog), **({"AMK_WARP_SIZE": warp} if warp != 32 else {})}
+        return EmuVM(prog, tensors, build(out, defines), **kw)
 
     return make
 
@@ -222,12 +224,12 @@ def test_lowered_model(emu, cfg):
 
 
 @pytest.mark.parametrize("case", ["gemv", "bf16", "int4"])
-def test_amd_programs_on_64_lane_wavefronts(emu, monkeypatch, case):
+def test_amd_programs_on_64_lane_wavefronts(emu, case):
     """A program for an AMD target (gfx942: 64-lane wavefronts) on the emulator built with
-    AMK_WARP_SIZE=64 computes what the ReferenceVM does. In the GEMV-only program the GEMV has the
-    largest shared-memory need, a word a lane of it: the loader once sized it for 32-lane warps,
-    and the device refused the step (not enough shared memory)."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_WARP_SIZE=64")
+    AMK_WARP_SIZE=64 (the `emu` fixture's build for its target) computes what the ReferenceVM does.
+    In the GEMV-only program the GEMV has the largest shared-memory need, a word a lane of it: the
+    loader once sized it for 32-lane warps, and the device refused the step (not enough shared
+    memory)."""
     if case == "gemv":
         prog, t = gemv_program(GemvCase(rows=16, k=64))
         prog, steps = prog.model_copy(update={"target": get_target("gfx942")}), [(2, 0), (1, 1)]
@@ -326,7 +328,7 @@ def test_lowered_model_epilogue_operands_beyond_one_per_thread(emu):
 
 def test_lowered_model_xcd_placement(emu):
     """A gfx942 program: XCD-scoped counters packed into the tables (the emulator, like a
-    one-L2 GPU, runs XCD scope as device scope)."""
+    one-L2 GPU, runs XCD scope as device scope), on 64-lane wavefronts."""
     prog, t = lowered("llama-gqa-tied", max_queues=2, threads_per_block=64, target="gfx942")
     assert any(c.scope == Scope.XCD for c in prog.counters)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])

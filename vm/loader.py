@@ -418,7 +418,6 @@ def _only_wide_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: 
     return {"AMK_ATTN_ONLY_WIDE": 1}
 
 
-
 def attn_max_chunk(p, kv_capacity: int) -> int:
     """An ATTN_PARTIAL's largest split at the program's KV capacity (AttnPartialParams: chunk =
     ceil(ceil((pos + 1) / splits) / block) * block, largest at the last position)."""
@@ -427,14 +426,14 @@ def attn_max_chunk(p, kv_capacity: int) -> int:
 
 def wide_score_rows_a_round(head_dim: int, threads: int) -> int:
     """Rows the wide score pass loads a round, a block's warps together (amk_attn_scores_wide:
-    head_dim / 32 lanes a row, so WARP / (head_dim / 32) rows a warp)."""
-    return (threads // WARP) * (WARP // (head_dim // 32))
+    head_dim / 32 lanes a row, one row a lane group, whatever the warp size)."""
+    return threads // (head_dim // 32)
 
 
 def _k_ahead_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_ATTN_K_AHEAD where some ATTN_PARTIAL's largest split has two full rounds of the wide
     score pass or more: each lane hints its rows of the later rounds into the L1 at the pass's
-    start (eval/PERF_NOTES.md items 213-215, H200: the 1B at ctx 8192, 528-row splits, -0.23 % and
+    start (eval/PERF_NOTES.md items 213-214, H200: the 1B at ctx 8192, 528-row splits, -0.23 % and
     -0.35 %). Where it issues no hint the code alone cost the SmolLM2 shape +0.42 % (1B +0.05 %,
     ctx 1024), and the 8B's 80-row splits (a round of 64 at head_dim 128, then 16 rows) measured
     -0.13 % without it, so those builds leave it out. Not with U4 GEMV weights, whose builds spill
@@ -448,6 +447,7 @@ def _k_ahead_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: se
         if attn_max_chunk(p, program.kv_capacity) >= 2 * wide_score_rows_a_round(p.head_dim, program.threads_per_block):
             return {"AMK_ATTN_K_AHEAD": 1}
     return {}
+
 
 _FLOAT_DTYPES = (DType.F32, DType.BF16, DType.F16)
 
