@@ -16,7 +16,7 @@
 #include <vector>
 
 #ifndef AMK_WARP_SIZE
-#define AMK_WARP_SIZE 32  // 64: the AMD wavefront (tests/test_vm_emulated.py runs a gfx942 program so)
+#define AMK_WARP_SIZE 32  // 64 for an AMD target's programs (the emu fixture of tests/test_vm_emulated.py)
 #endif
 #define AMK_DEVICE inline
 #define AMK_DEVICE_NOINLINE inline
