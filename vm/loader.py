@@ -433,12 +433,13 @@ def wide_score_rows_a_round(head_dim: int, threads: int) -> int:
 def _k_ahead_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_ATTN_K_AHEAD where some ATTN_PARTIAL's largest split has two full rounds of the wide
     score pass or more: each lane hints its rows of the later rounds into the L1 at the pass's
-    start (eval/PERF_NOTES.md items 213-214, H200: the 1B at ctx 8192, 528-row splits, -0.23 % and
-    -0.35 %). Where it issues no hint the code alone cost the SmolLM2 shape +0.42 % (1B +0.05 %,
-    ctx 1024), and the 8B's 80-row splits (a round of 64 at head_dim 128, then 16 rows) measured
-    -0.13 % without it, so those builds leave it out. Not with U4 GEMV weights, whose builds spill
-    with any code added (not measured there)."""
-    if DType.U4 in gemv_wdtypes:
+    start (eval/PERF_NOTES.md items 213, 214 and 219, H200: the 1B at ctx 8192, 528-row splits,
+    -0.23 % and -0.35 %). Where it issues no hint the code alone cost the SmolLM2 shape +0.42 % (1B
+    +0.05 %, ctx 1024), and the 8B's 80-row splits (a round of 64 at head_dim 128, then 16 rows)
+    measured -0.13 % without it, so those builds leave it out. Not with quantized GEMV weights: the
+    int8 1B at ctx 8192 measured -0.49 % without it (its builds score one head a pass, and the hint,
+    issued once, serves the first), and U4 builds spill with any code added."""
+    if gemv_wdtypes & {DType.I8, DType.U4}:
         return {}
     for t in program.tasks:
         p = t.params
