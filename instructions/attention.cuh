@@ -259,13 +259,13 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // head in a register over all its rows: one warp reduction and one shared atomic per head and
 // pass, where a reduction and an atomic per head and row group made every head of every row
 // group one dependent chain (item 85: the score pass read K from shared memory no faster).
-// AMK_ATTN_K_AHEAD (eval/PERF_NOTES.md items 213-215): at the pass's start each lane hints its rows
+// AMK_ATTN_K_AHEAD (eval/PERF_NOTES.md items 213-219): at the pass's start each lane hints its rows
 // of the later rounds into the L1, for splits of several rounds (the 1B's 512 rows at ctx 8192: 4
 // rounds of 128 at head_dim 64). Measured there on an H200: -0.23 % and -0.35 %, so the rounds'
 // chains, not their K round trips, set the pass (two row groups loaded a round, so that one's
 // chains overlap the next one's loads, lost 2.5 %: it spills in the combine). A hint only: loads
-// and sums are unchanged. The loader sets it where a split has two full rounds or more
-// (loader._k_ahead_define).
+// and sums are unchanged. The loader sets it for float-weight builds where a split has two full
+// rounds or more (loader._k_ahead_define; the int8 1B at ctx 8192 lost 0.49 % with it).
 #ifndef AMK_ATTN_K_AHEAD
 #define AMK_ATTN_K_AHEAD 0
 #endif

@@ -221,11 +221,11 @@ def _x_words(k: int, shift: int) -> int:
     return k + ((k >> shift) * 4 if shift else 0)
 
 
-def smem_words(p, threads: int, kv_capacity: int, wdtype: DType, warp: int = WARP) -> int:
+def smem_words(p, threads: int, kv_capacity: int, wdtype: DType, warp: int) -> int:
     """Dynamic shared memory (4-byte words) a task needs; mirrors the amk_smem_* functions
-    (wdtype: a GEMV's weight dtype, which sizes its staged x; no default, as for _pack_params:
-    a caller that forgot it would size a quantized GEMV's padded x too small; warp: the target's
-    AMK_WARP_SIZE, 64 on the AMD parts)."""
+    (wdtype: a GEMV's weight dtype, which sizes its staged x; warp: the target's AMK_WARP_SIZE,
+    64 on the AMD parts. Neither has a default, as for _pack_params: a caller that forgot one
+    would size a quantized GEMV's padded x, or an AMD task's scratch, too small)."""
     return _smem_words(p, threads, kv_capacity, gemv_x_pad_shift(wdtype), warp)
 
 
