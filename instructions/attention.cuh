@@ -326,6 +326,98 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   }
 }
 
+// AMK_ATTN_MMA (experiment, off; eval/PERF_NOTES.md item 220): the score pass on the tensor cores,
+// where the wide pass spends a lane's instructions on q's shared-memory loads, the halves'
+// conversions and 32 FMAs a row and head. Scores are q K^T, one mma.sync.m16n8k16 a k-step of 16
+// dims over 8 rows: A is q (row g = head g < qh <= 8, heads 8-15 zero), B is 8 K rows as loaded.
+// The dims are permuted alike in A and B (a dot product's sum does not care which k-slot holds a
+// dim): lane t of a row's four (lane = 4 g + t) holds K dims [t hd/4, (t+1) hd/4) as NV 16-byte
+// vectors, and k-step s takes its dims t hd/4 + 4s .. + 3, words 2s and 2s + 1, with no repacking.
+// q is packed to the cache's half dtype, exact where q is of that dtype (amk_attn_mma_ok). The
+// value is NV = head_dim / 32 (2 for the Llamas' 64, 4 for 128); the lane's products are summed in
+// fp32 by the MMA, in the hardware's order (like the other passes, not HF's order). Same results
+// contract as amk_attn_scores_wide: exact maximum keys, the first cap rows' scores cached.
+#ifndef AMK_ATTN_MMA
+#define AMK_ATTN_MMA 0
+#endif
+#ifndef AMK_ATTN_MMA_TILES
+#define AMK_ATTN_MMA_TILES 4  // 8-row tiles a warp loads a round (NV 16-byte vectors a lane each)
+#endif
+#if AMK_ATTN_MMA
+#if defined(__HIPCC__) || defined(__HIPCC_RTC__)
+#error "AMK_ATTN_MMA needs NVIDIA's mma.sync"
+#endif
+AMK_DEVICE bool amk_attn_mma_ok(const AmkKvRows& K, int qh, int qdt) {
+  return AMK_WARP_SIZE == 32 && amk_attn_wide_rows(K) && K.hd == 32 * AMK_ATTN_MMA && qh <= 8 && qdt == K.dt;
+}
+
+// q[0], q[1] as a pair of halves of dtype dt (BF16 or F16; exact: they are of that dtype).
+AMK_DEVICE unsigned amk_attn_mma_pair(float lo, float hi, int dt) {
+  if (dt == AMK_DTYPE_BF16) return ((unsigned)__float_as_int(lo) >> 16) | ((unsigned)__float_as_int(hi) & 0xffff0000u);
+  return amk_f16x2_rn(lo, hi);
+}
+
+AMK_DEVICE void amk_attn_scores_mma(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
+                                    int qdt, int* mkey, float* cache, int cap) {
+  constexpr int NV = AMK_ATTN_MMA, KS = 2 * NV, U = AMK_ATTN_MMA_TILES;
+  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, hd = K.hd;
+  const bool head = g < qh;
+  unsigned a[KS][4];  // A fragments, all k-steps: held over the pass
+  const float* q = qs + min(g, qh - 1) * hd + t * 8 * NV;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    const float4 qv = *(const float4*)(q + 4 * s);
+    a[s][0] = head ? amk_attn_mma_pair(qv.x, qv.y, K.dt) : 0u;
+    a[s][2] = head ? amk_attn_mma_pair(qv.z, qv.w, K.dt) : 0u;
+    a[s][1] = a[s][3] = 0u;
+  }
+  int key = AMK_ATTN_NO_KEY;  // this lane's largest key of head g
+  const amk_i64 pitch = K.width * 2;
+  const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)t * 8 * NV) * 2;
+  const int step = amk_nwarps() * 8 * U;
+#pragma unroll 1
+  for (int jw = ja + amk_warp() * 8 * U; jw < jb; jw += step) {  // warp-uniform: the MMA needs every lane
+    amk_u32x4 raw[U][NV];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = jw + 8 * u + g;
+      const char* row = base + (amk_i64)j * pitch;
+#pragma unroll
+      for (int c = 0; c < NV; ++c) raw[u][c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (jw + 8 * u >= jb) break;  // warp-uniform
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        const unsigned b[2] = {amk_word(raw[u][s / 2], 2 * (s % 2)), amk_word(raw[u][s / 2], 2 * (s % 2) + 1)};
+        if (K.dt == AMK_DTYPE_BF16) amk_mma_16816_bf16(d, a[s], b);
+        else amk_mma_16816_f16(d, a[s], b);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {  // d[i]: head g, row jw + 8 u + 2 t + i
+        const int j = jw + 8 * u + 2 * t + i;
+        if (head && j < jb) {
+          const float sc = amk_attn_scaled(d[i], scale, qdt);
+          const int k = amk_order_key(sc);
+          key = k > key ? k : key;
+          if (j - ja < cap) cache[g * cap + (j - ja)] = sc;
+        }
+      }
+    }
+  }
+  if (mkey != nullptr) {  // head g's key over its four lanes, then one shared atomic
+#pragma unroll
+    for (int m = 1; m < 4; m <<= 1) {
+      const int other = amk_shfl_xor_int(key, m);
+      key = other > key ? other : key;
+    }
+    if (t == 0 && head && key != AMK_ATTN_NO_KEY) atomicMax(&mkey[g], key);
+  }
+}
+#endif
+
 // amk_attn_scores over the split layout: a lane holds AMK_KV_LANE floats of a row.
 AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                        int qdt, int* mkey, float* cache, int cap) {
@@ -383,6 +475,9 @@ AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int j
 // (mkey == nullptr): every row cached the same way.
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
+#if AMK_ATTN_MMA
+  if (amk_attn_mma_ok(K, qh, qdt)) return amk_attn_scores_mma(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
+#endif
   if (amk_attn_wide_ok(K)) return amk_attn_scores_wide(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
 #if AMK_ATTN_SCORES_SPLIT
   amk_attn_scores_split(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);

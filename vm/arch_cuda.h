@@ -149,6 +149,13 @@ AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigne
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// The same with bf16 A and B (the attention's score MMA over a bf16 cache).
+AMK_DEVICE void amk_mma_16816_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 
 // ---------------------------------------------------------------- exact arithmetic
 // Element-wise steps that the reference does as separate torch ops must not be contracted

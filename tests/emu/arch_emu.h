@@ -167,16 +167,18 @@ AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {  // exact for the in
   return amk_f16x2_rn(amk_emu_half(a, 0) - amk_emu_half(b, 0), amk_emu_half(a, 1) - amk_emu_half(b, 1));
 }
 AMK_DEVICE unsigned amk_and_or(unsigned a, unsigned b, unsigned c) { return (a & b) | c; }
-AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
+// d += A B for one warp in vm/arch_cuda.h's fragment layout; half(pair, i) decodes A's and B's halves.
+template <class Half>
+AMK_DEVICE void amk_emu_mma_16816(float d[4], const unsigned a[4], const unsigned b[2], Half half) {
   const int t = threadIdx.x, lane = t % AMK_WARP_SIZE, base = t - lane;
   unsigned* f = amk_emu_block->mma.data();
   for (int i = 0; i < 4; ++i) f[6 * t + i] = a[i];
   f[6 * t + 4] = b[0], f[6 * t + 5] = b[1];
   amk_syncwarp();
   auto A = [&](int r, int k) {  // lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8)
-    return amk_emu_half(f[6 * (base + (r % 8) * 4 + (k % 8) / 2) + (r >= 8) + 2 * (k >= 8)], k % 2);
+    return half(f[6 * (base + (r % 8) * 4 + (k % 8) / 2) + (r >= 8) + 2 * (k >= 8)], k % 2);
   };
-  auto B = [&](int k, int n) { return amk_emu_half(f[6 * (base + n * 4 + (k % 8) / 2) + 4 + (k >= 8)], k % 2); };
+  auto B = [&](int k, int n) { return half(f[6 * (base + n * 4 + (k % 8) / 2) + 4 + (k >= 8)], k % 2); };
   for (int i = 0; i < 4; ++i) {
     const int r = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
     float s = d[i];
@@ -184,6 +186,12 @@ AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigne
     d[i] = s;
   }
   amk_syncwarp();
+}
+AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
+  amk_emu_mma_16816(d, a, b, amk_emu_half);
+}
+AMK_DEVICE void amk_mma_16816_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
+  amk_emu_mma_16816(d, a, b, [](unsigned pair, int i) { return amk_bf16_to_f32((unsigned short)(pair >> (16 * i))); });
 }
 
 // ---------------------------------------------------------------- arithmetic (-ffp-contract=off)
