@@ -129,6 +129,7 @@ class SearchSpace:
             Dim("rope_rows", ("auto", 16, 32, 64), ordered=False),  # a value the model's head_dim refuses: an error trial
             Dim("rope_multi_run", BOOL, ordered=False),
             Dim("kv_head_counters", BOOL, ordered=False),
+            Dim("kv_head_major", BOOL, ordered=False),
             Dim("fuse_attn_combine", BOOL, ordered=False),
             Dim("o_proj_kv_slices", (0, 1, 2, 4)),  # a count the model's KV heads refuse: an error trial
             Dim("fuse_residual", BOOL, ordered=False),

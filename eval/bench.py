@@ -60,6 +60,7 @@ from amk.eval.provenance import git_commit
 from amk.schedule.modelspec import ModelSpec
 from amk.schedule.rope_rows import in_hf_order, permute_k_history
 from amk.vm.loader import experiment_defines
+from amk.vm.kv_layout import kv_rows_view
 
 GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # half: only for fallback comparisons
 HALF = ("bfloat16", "float16")  # gated by eval/tolerance.py against an fp32 reference
@@ -273,22 +274,25 @@ class MegakernelRunner:
 
     def _kv(self, name: str) -> torch.Tensor:
         vm = self.vm
+        buf = next(b for b in self.mk.program.buffers if b.name == name)
         if hasattr(vm, "tensors") and name in vm.tensors:
             flat = vm.tensors[name]
         elif hasattr(vm, "mem") and hasattr(vm, "_by_name"):
             flat = vm.mem[vm._by_name[name].id]
+            buf = buf.model_copy(update={"kv_head": 0})  # the ReferenceVM keeps the IR's rows
         else:
             raise BenchError(f"cannot reach the megakernel's KV cache buffer {name!r}")
         width = self.spec.num_kv_heads * self.spec.head_dim
         if flat.numel() != self.capacity * width:
             raise BenchError(f"KV buffer {name} holds {flat.numel()} elements, expected {self.capacity} x {width}")
-        return flat.view(self.capacity, width)
+        return kv_rows_view(buf, flat)  # [capacity, heads, h] in the IR's rows, whatever the layout
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[0]
         # k in the program's layout (q/k rows permuted for rope_rows < head_dim)
-        self._kv(f"layers.{layer}.k_cache")[:n].copy_(permute_k_history(self.mk.program, k.reshape(n, -1)))
-        self._kv(f"layers.{layer}.v_cache")[:n].copy_(v.reshape(n, -1))
+        for name, rows in (("k_cache", permute_k_history(self.mk.program, k.reshape(n, -1))), ("v_cache", v)):
+            view = self._kv(f"layers.{layer}.{name}")
+            view[:n].copy_(rows.reshape(n, *view.shape[1:]))
 
     def prepare(self, token: int, pos: int) -> None:
         pass

@@ -103,16 +103,36 @@ struct AmkKvRows {
   int C, G, R;  // VEC-element chunks per row, lanes per row (power of two), rows per warp
 };
 
+// Where a KV operand's rows start and how far apart they are, in elements of b's storage: row-major,
+// or a head-major head's own block (the loader refuses a partial's head that is not one whole block).
+AMK_DEVICE void amk_kv_run(const AmkBuffer& b, const AmkOperand& o, amk_i64& off, amk_i64& pitch) {
+  off = amk_kv_at(b, 0, o.off);
+#if AMK_KV_HEAD_MAJOR
+  pitch = b.kv_head > 0 ? b.kv_head : b.width;
+#else
+  pitch = b.width;
+#endif
+}
+
 AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd) {
   AmkKvRows r;
-  r.b = &b, r.off = o.off, r.width = b.width, r.hd = hd, r.dt = b.dtype;
+  r.b = &b, r.hd = hd, r.dt = b.dtype;
+#if AMK_KV_HEAD_MAJOR
+  amk_kv_run(b, o, r.off, r.width);
+#define AMK_KV_ROWS_OFF r.off  // the alignment tests below: the storage's offset and pitch
+#define AMK_KV_ROWS_PITCH r.width
+#else
+  r.off = o.off, r.width = b.width;
+#define AMK_KV_ROWS_OFF o.off  // (as written before head-major caches: the same PTX)
+#define AMK_KV_ROWS_PITCH b.width
+#endif
   r.bytes = b.dtype == AMK_DTYPE_F32 ? 4 : 2;
 #if AMK_ATTN_KV_SHIFTS
   const int lgv = b.dtype == AMK_DTYPE_F32 ? 2 : 3;  // VEC = 16 / bytes
   r.VEC = 1 << lgv;
   r.NV = AMK_KV_LANE >> lgv;
-  r.vec = (hd & (r.VEC - 1)) == 0 && (b.ptr + (unsigned long long)(o.off * r.bytes)) % 16 == 0 &&
-          (b.width * r.bytes) % 16 == 0;
+  r.vec = (hd & (r.VEC - 1)) == 0 && (b.ptr + (unsigned long long)(AMK_KV_ROWS_OFF * r.bytes)) % 16 == 0 &&
+          (AMK_KV_ROWS_PITCH * r.bytes) % 16 == 0;
   r.C = (hd + r.VEC - 1) >> lgv;
   r.G = 1;
   while (r.G < r.C && r.G < AMK_WARP_SIZE) r.G <<= 1;
@@ -120,12 +140,14 @@ AMK_DEVICE AmkKvRows amk_kv_rows(const AmkBuffer& b, const AmkOperand& o, int hd
 #else
   r.VEC = 16 / r.bytes;
   r.NV = AMK_KV_LANE / r.VEC;
-  r.vec = hd % r.VEC == 0 && (b.ptr + (unsigned long long)(o.off * r.bytes)) % 16 == 0 && (b.width * r.bytes) % 16 == 0;
+  r.vec = hd % r.VEC == 0 && (b.ptr + (unsigned long long)(AMK_KV_ROWS_OFF * r.bytes)) % 16 == 0 && (AMK_KV_ROWS_PITCH * r.bytes) % 16 == 0;
   r.C = (hd + r.VEC - 1) / r.VEC;
   r.G = 1;
   while (r.G < r.C && r.G < AMK_WARP_SIZE) r.G <<= 1;
   r.R = AMK_WARP_SIZE / r.G;
 #endif
+#undef AMK_KV_ROWS_OFF
+#undef AMK_KV_ROWS_PITCH
   return r;
 }
 
@@ -340,10 +362,13 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
 #ifndef AMK_ATTN_MMA
 #define AMK_ATTN_MMA 0
 #endif
-#ifndef AMK_ATTN_MMA_TILES
-#define AMK_ATTN_MMA_TILES 4  // 8-row tiles a warp loads a round (NV 16-byte vectors a lane each)
-#endif
 #if AMK_ATTN_MMA
+#ifndef AMK_ATTN_MMA_TILES
+#define AMK_ATTN_MMA_TILES (8 / (AMK_ATTN_MMA))  // 8-row tiles a warp loads a round: 128 bytes a lane in flight
+#endif                                          // (at head_dim 128 four tiles spill 4 / 8 B on sm_90, two none)
+#if AMK_ATTN_MMA_TILES < 1
+#error "AMK_ATTN_MMA_TILES: one tile a round at least"
+#endif
 #if defined(__HIPCC__) || defined(__HIPCC_RTC__)
 #error "AMK_ATTN_MMA needs NVIDIA's mma.sync"
 #endif
@@ -778,7 +803,13 @@ AMK_DEVICE void amk_attn_prefetch_rows(const AmkTask* t, const AmkBuffer* bufs, 
     const AmkBuffer& b = bufs[o.buf];
     if (pos < 0 || pos >= b.rows) return;
     const long long bytes = amk_dtype_bits(b.dtype) / 8;  // hints only: the op itself rejects non-float KV
+#if AMK_KV_HEAD_MAJOR
+    amk_i64 off, pitch;
+    amk_kv_run(b, o, off, pitch);
+    if (!amk_prefetch_runs((const char*)b.ptr, ((long long)j0 * pitch + off) * bytes, pitch * bytes,
+#else
     if (!amk_prefetch_runs((const char*)b.ptr, ((long long)j0 * b.width + o.off) * bytes, b.width * bytes,
+#endif
                            t->ip[AMK_P_ATTN_HEAD_DIM] * bytes, j1 - j0, tid, nthr, budget, keep_going))
       return;
   }

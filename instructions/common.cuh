@@ -271,9 +271,29 @@ AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
   return o.count <= 1 ? o.off + i : amk_flat_runs(o.off, o.stride, o.len, i);
 }
 
+// AMK_KV_HEAD_MAJOR: the program has head-major KV caches (ir.Buffer.kv_head, vm/kv_layout.py), which
+// the loader's define compiles in; other builds keep the row-major index alone.
+#ifndef AMK_KV_HEAD_MAJOR
+#define AMK_KV_HEAD_MAJOR 0
+#endif
+// Element col of cache row `row` in b's storage: row-major, or in head col / kv_head's [rows, kv_head] block.
+AMK_DEVICE amk_i64 amk_kv_at(const AmkBuffer& b, amk_i64 row, amk_i64 col) {
+#if AMK_KV_HEAD_MAJOR
+  if (b.kv_head > 0) {  // a power of two (vm/kv_layout.py): shifts, not divisions; col < width < 2^31
+    const int lg = amk_log2_pow2(b.kv_head), c = (int)col;
+    return (((amk_i64)(c >> lg) * b.rows + row) << lg) + (c & (b.kv_head - 1));
+  }
+#endif
+  return row * b.width + col;
+}
+
 // Element i of a KV operand at cache row `row`.
 AMK_DEVICE amk_i64 amk_kv(const AmkOperand& o, const AmkBuffer& b, amk_i64 row, amk_i64 i) {
-  return row * b.width + o.off + i;
+#if AMK_KV_HEAD_MAJOR
+  return amk_kv_at(b, row, o.off + i);
+#else
+  return row * b.width + o.off + i;  // (as written before head-major caches: the same PTX)
+#endif
 }
 
 // Element i of an output operand: flat, or row `pos` of a KV cache (kv == APPEND).

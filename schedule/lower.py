@@ -591,8 +591,9 @@ class _Lowering:
 
         for i in range(L):
             p, t = f"model.layers.{i}.", f"layers.{i}"
-            kc = self.buf(f"{t}.k_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
-            vc = self.buf(f"{t}.v_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
+            layout = {"kv_head": d} if cfg.kv_head_major else {}
+            kc = self.buf(f"{t}.k_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD], **layout)
+            vc = self.buf(f"{t}.v_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD], **layout)
             a = p + "self_attn."
             wq, wk, wv = self.linear(a + "q_proj.weight", QD, H), self.linear(a + "k_proj.weight", KD, H), \
                 self.linear(a + "v_proj.weight", KD, H)

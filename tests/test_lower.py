@@ -414,6 +414,7 @@ FIELD_CHANGES = {
     "rope_rows": ({}, dict(rope_rows=16)),
     "rope_multi_run": ({}, dict(rope_multi_run=False)),
     "kv_head_counters": ({}, dict(kv_head_counters=False)),
+    "kv_head_major": ({}, dict(kv_head_major=True)),
     "fuse_attn_combine": ({}, dict(fuse_attn_combine=True)),
     "o_proj_kv_slices": ({}, dict(o_proj_kv_slices=2)),
     "fuse_argmax": ({}, dict(fuse_argmax=True)),

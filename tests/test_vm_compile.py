@@ -743,3 +743,41 @@ def test_quotients_by_shifts_where_measured_faster(tmp_path: Path, build, divide
            *[f"-D{k}={v}" for k, v in defines.items()], str(probe)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_head_major_kv_layout_round_trip_and_refusals():
+    """vm/kv_layout.py (eval/PERF_NOTES.md item 221): a head-major cache's storage read back as the
+    IR's rows is a bijection (a head's rows contiguous), and the loader refuses what the kernel
+    cannot store: a kv_head that is not a power of two dividing the width, or an attention partial
+    whose head straddles two blocks."""
+    import torch
+
+    from amk.schedule.ir import Buffer, BufferKind, DType
+    from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical, kv_rows_view
+    from vm_cases import lowered
+
+    cache = Buffer(id=0, name="k", kind=BufferKind.KV_CACHE, dtype=DType.F32, shape=(5, 12), kv_head=4)
+    storage = torch.arange(60, dtype=torch.float32)
+    rows = kv_logical(cache, storage).view(5, 12)
+    assert torch.equal(rows[2, 4:8], storage[(1 * 5 + 2) * 4:(1 * 5 + 2) * 4 + 4])  # head 1, row 2
+    assert sorted(rows.reshape(-1).tolist()) == storage.tolist()
+    view = kv_rows_view(cache, storage.clone())
+    view[3] = -1.0  # the view writes the IR's row 3 in every head's block
+    assert (kv_logical(cache, view.permute(1, 0, 2).reshape(-1)).view(5, 12)[3] == -1).all()
+    assert torch.equal(kv_logical(cache.model_copy(update={"kv_head": 0}), storage), storage)
+    for bad in (3, 8, -4):
+        with pytest.raises(KvLayoutError, match="power of two"):
+            check_kv_layout(cache.model_copy(update={"kv_head": bad}))
+    with pytest.raises(KvLayoutError, match="KV caches only"):
+        check_kv_layout(cache.model_copy(update={"kind": BufferKind.ACTIVATION}))
+
+    prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", kv_head_major=True)
+    assert loader.knob_defines(prog)["AMK_KV_HEAD_MAJOR"] == 1
+    assert "AMK_KV_HEAD_MAJOR" not in loader.knob_defines(lowered("llama-gqa-tied", dtype="bfloat16")[0])
+    with pytest.raises(loader.VMRefused, match="AMK_KV_HEAD_MAJOR=0"):
+        loader.build_defines(prog, experiments={"AMK_KV_HEAD_MAJOR": 0})
+    for h in (128, 32):  # both heads in one block; half a head a block
+        other = prog.model_copy(update={"buffers": [b.model_copy(update={"kv_head": h}) if b.kv_head else b
+                                                    for b in prog.buffers]})
+        with pytest.raises(loader.VMRefused, match="one whole block"):
+            loader.PackedProgram(other)

@@ -30,6 +30,7 @@ from vm_cases import (
     Q_MMA_DEFINES,
     HALF_WEIGHT_CASES,
     PROMPT,
+    UNFUSED,
     TORCH,
     argmax_program,
     cast_weights,
@@ -252,6 +253,24 @@ def test_tiny_model(emu, family):
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+@pytest.mark.parametrize("dtype,cfg", [("bfloat16", dict(kv_splits=2)), ("float32", dict(kv_splits=3)),
+                                       ("bfloat16", dict(UNFUSED))])
+def test_lowered_model_with_head_major_kv_caches(emu, dtype, cfg):
+    """ScheduleConfig.kv_head_major (eval/PERF_NOTES.md item 221): each KV head's rows stored as one
+    block. The same results and caches (read back as the IR's rows) as the ReferenceVM, through the
+    wide passes (bf16), the split-layout ones (fp32) and the unfused ROPE / KV_APPEND writers; and the
+    storage is head-major: a head's rows back to back."""
+    prog, t = lowered("llama-gqa-tied", dtype=dtype, max_queues=4, threads_per_block=64, kv_head_major=True, **cfg)
+    caches = [b for b in prog.buffers if b.kind == BufferKind.KV_CACHE]
+    assert caches and all(b.kv_head == 64 and b.shape[1] == 128 for b in caches)
+    steps = [(tok, pos) for pos, tok in enumerate(PROMPT[:3])]
+    ref, vm = run_both(emu, prog, t, steps)
+    for b in caches:
+        stored = vm.tensors[b.name].view(2, b.shape[0], 64)[:, :3]  # [head, row, dim] of the rows written
+        rows = ref.read_buffer(b.name).view(b.shape[0], 2, 64)[:3].transpose(0, 1)
+        close(stored.contiguous(), rows.contiguous(), f"{b.name} stored head-major", b.dtype)
 
 
 @pytest.mark.parametrize("case", ["gemv", "bf16", "int4"])

@@ -240,5 +240,8 @@ LOWERED = {
     # the LM head's tasks write the argmax pairs, merged without a PARTIAL stage (PERF_NOTES item 195)
     "llama-gqa-tied/fuse_argmax": dict(fuse_argmax=True, gemv_tasks_per_matrix=3),
     "smollm2-like/fuse_argmax_int8": dict(kv_splits=4, fuse_argmax=True, quant="int8", quant_lm_head=True),
+    # each KV head's rows stored as one block (PERF_NOTES item 221)
+    "llama-gqa-tied/kv_head_major": dict(kv_head_major=True, kv_splits=2),
+    "smollm2-like/kv_head_major_unfused": dict(kv_splits=4, kv_head_major=True, **UNFUSED),
 }
 PROMPT = [1, 17, 42, 5, 9, 88, 3, 60]

@@ -53,6 +53,7 @@ from amk.schedule.config import VM_POLL_CAP_NS
 from amk.schedule.opspec import gemv_rows_width, output_roles, weight_input_roles
 from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
+from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical
 from amk.vm.progress import StepProgress
 
 from amk.errors import AmkError
@@ -139,7 +140,7 @@ TASK_DTYPE = np.dtype([
     ("out", OPERAND_DTYPE, (MAX_OUTPUTS,)),
 ])
 BUFFER_DTYPE = np.dtype([("ptr", "<u8"), ("numel", "<i8"), ("width", "<i8"), ("rows", "<i8"), ("dtype", "<i4"),
-                         ("kind", "<i4"), ("group", "<i4"), ("pad", "<i4")])
+                         ("kind", "<i4"), ("group", "<i4"), ("kv_head", "<i4")])
 
 POISON = {DType.F32: float("nan"), DType.F16: float("nan"), DType.BF16: float("nan"), DType.I32: -(2**31)}
 GEMV_PREFETCH_ROLES = ("w", "w_scale", "w_zero", "w2", "w2_scale", "w2_zero")
@@ -275,6 +276,7 @@ class PackedProgram:
         self.buffer_index = {b.id: i for i, b in enumerate(program.buffers)}
         self.counter_index = {c.id: i for i, c in enumerate(program.counters)}
         task_index = {t.id: i for i, t in enumerate(program.tasks)}
+        _check_kv_layouts(program)
         producers = np.zeros(len(program.counters), dtype=np.int64)
         for t in program.tasks:
             producers[self.counter_index[t.out_counter]] += 1
@@ -346,8 +348,28 @@ class PackedProgram:
         for i, b in enumerate(self.program.buffers):
             width = b.shape[-1] if b.shape else 1
             table[i] = (pointers[b.id], b.numel, width, b.numel // max(width, 1), int(b.dtype), int(b.kind),
-                        b.group or 0, 0)
+                        b.group or 0, b.kv_head)
         return table
+
+
+def _check_kv_layouts(program: Program) -> None:
+    """Refuse head-major KV caches (Buffer.kv_head) the kernel cannot read: a kv_head that does not
+    divide the cache's width, or an attention partial's head that is not one whole block (the
+    partial streams a head's rows as one run of kv_head elements a row; appends map each element)."""
+    by_id = {b.id: b for b in program.buffers}
+    for b in program.buffers:
+        try:
+            check_kv_layout(b)
+        except KvLayoutError as e:
+            raise VMRefused(str(e)) from None
+    for t in program.tasks:
+        if t.params.op != Op.ATTN_PARTIAL:
+            continue
+        for o in t.inputs[1:3]:  # k, v (opspec: q, k, v, pos)
+            h = by_id[o.buf].kv_head
+            if h and (o.off % h or o.len != h):
+                raise VMRefused(f"task {t.id} {t.name!r}: reads columns [{o.off}, {o.off + o.len}) of head-major "
+                                f"{by_id[o.buf].name} (kv_head {h}): a partial's head must be one whole block")
 
 
 # ---------------------------------------------------------------------- the VM
@@ -560,8 +582,9 @@ def knob_defines(program: Program) -> dict[str, int]:
     the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
     split-K partials, AMK_GEMV_ARGMAX 1 where one writes an argmax pair (the LM head's,
     ScheduleConfig.fuse_argmax), AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
-    in the rows), which no build compiles unless asked (common.cuh, gemv.cuh), and
-    AMK_QCOMP_DTYPE where every scale and zero has one dtype (gemv.cuh AmkQRow)."""
+    in the rows), AMK_KV_HEAD_MAJOR 1 where a KV cache is stored head-major (Buffer.kv_head), which
+    no build compiles unless asked (common.cuh, gemv.cuh), and AMK_QCOMP_DTYPE where every scale
+    and zero has one dtype (gemv.cuh AmkQRow)."""
     vm_meta = _vm_meta(program)
     out = {define: vm_meta[knob] for knob, define in (("gemv_unroll", "AMK_GEMV_UNROLL"),
                                                       ("gemv_unroll_quant", "AMK_GEMV_UNROLL_Q"),
@@ -585,6 +608,8 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_ARGMAX"] = 1
     if _has_i8_zeros(program):
         out["AMK_GEMV_I8_ZERO"] = 1
+    if any(b.kv_head for b in program.buffers):
+        out["AMK_KV_HEAD_MAJOR"] = 1
     qcomp = companion_dtype(program)
     if qcomp is not None:
         out["AMK_QCOMP_DTYPE"] = int(qcomp)
@@ -606,6 +631,9 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
     if knobs.get("AMK_GEMV_ARGMAX") and not defines.get("AMK_GEMV_ARGMAX"):
         raise VMRefused("the program's LM head writes argmax pairs (fuse_argmax), which a build with "
                         "AMK_GEMV_ARGMAX=0 does not compile")
+    if knobs.get("AMK_KV_HEAD_MAJOR") and not defines.get("AMK_KV_HEAD_MAJOR"):  # it would read rows as row-major
+        raise VMRefused("the program's KV caches are head-major (kv_head_major), which a build with "
+                        "AMK_KV_HEAD_MAJOR=0 does not read")
     return defines
 
 
@@ -768,8 +796,9 @@ class CudaVM:
                 self.tensors[b.name].fill_(POISON[b.dtype])
 
     def read_buffer(self, name: str) -> torch.Tensor:
-        """A buffer's current contents (flat, its dtype; U4 packed), for inspection."""
-        return self.tensors[name].clone()
+        """A buffer's current contents (flat, its dtype; U4 packed; a KV cache as the IR's rows,
+        whatever its layout), for inspection."""
+        return kv_logical(self._by_name[name], self.tensors[name]).clone()
 
     def close(self) -> None:
         ptr, self._abort_ptr = getattr(self, "_abort_ptr", 0), 0
