@@ -221,6 +221,25 @@ def test_attention_scores_on_the_tensor_cores(emu, monkeypatch, head_dim, q_head
     close(got, want, what)
 
 
+@pytest.mark.parametrize("case", [PV_CASES[1], PV_CASES[4], PV_CASES[0]])
+def test_attention_rows_staged_by_bulk_copies(emu, monkeypatch, case):
+    """AMK_ATTN_TMA (experiment, eval/PERF_NOTES.md item 222): a split's K and V rows copied into the
+    partial's shared-memory stage, a bulk copy a row (a row-major cache), both passes reading the stage:
+    the P.V cases' partial sums, (m, l) and outputs, at head_dim 64 and 128, bf16 and f16, one and three
+    splits; the two-tile case (1201 rows over 1024 cached scores) is not staged and reads memory."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_TMA=1")
+    test_attention_half_kv_pv_rounds(emu, *case)
+
+
+@pytest.mark.parametrize("head_major", [False, True])
+def test_lowered_model_with_staged_attention_rows(emu, monkeypatch, head_major):
+    """AMK_ATTN_TMA on a lowered bf16 model: a copy a row, or (kv_head_major) one copy a split's rows."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_TMA=1")
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, kv_splits=2,
+                      kv_head_major=head_major)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:3])])
+
+
 def test_silu_mul_and_add(emu):
     run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
 

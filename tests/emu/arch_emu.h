@@ -194,6 +194,26 @@ AMK_DEVICE void amk_mma_16816_bf16(float d[4], const unsigned a[4], const unsign
   amk_emu_mma_16816(d, a, b, [](unsigned pair, int i) { return amk_bf16_to_f32((unsigned short)(pair >> (16 * i))); });
 }
 
+// The transaction barrier and bulk copy of vm/arch_cuda.h: the barrier's word holds the arrivals still
+// pending (low 32 bits) and the bytes still expected (high 32); a copy lands at once and then counts its
+// bytes off; a wait is done when the word is 0 (one phase a barrier: the attention re-inits it each task).
+AMK_DEVICE void amk_mbar_init(unsigned long long* bar, unsigned count) { __atomic_store_n(bar, count, __ATOMIC_SEQ_CST); }
+AMK_DEVICE void amk_mbar_inval(unsigned long long* bar) { __atomic_store_n(bar, ~0ull, __ATOMIC_SEQ_CST); }
+AMK_DEVICE void amk_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  __atomic_fetch_add(bar, ((unsigned long long)bytes << 32) - 1ull, __ATOMIC_SEQ_CST);
+}
+AMK_DEVICE bool amk_mbar_try_wait(unsigned long long* bar, unsigned) {
+  if (__atomic_load_n(bar, __ATOMIC_SEQ_CST) == 0) return true;
+  std::this_thread::yield();
+  return false;
+}
+AMK_DEVICE void amk_fence_proxy_async() {}
+AMK_DEVICE void amk_bulk_to_shared(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  memcpy(dst, src, bytes);
+  __atomic_fetch_sub(bar, (unsigned long long)bytes << 32, __ATOMIC_SEQ_CST);
+}
+AMK_DEVICE amk_u32x4 amk_lds16(const void* p) { return *(const amk_u32x4*)p; }
+
 // ---------------------------------------------------------------- arithmetic (-ffp-contract=off)
 AMK_DEVICE float amk_mul(float a, float b) { return a * b; }
 AMK_DEVICE float amk_add(float a, float b) { return a + b; }
