@@ -40,12 +40,7 @@
 
 AMK_DEVICE long long amk_smem_attn_partial(const AmkTask& t, int nwarps) {
   const long long qh = t.ip[AMK_P_ATTN_Q_HEADS], hd = t.ip[AMK_P_ATTN_HEAD_DIM];
-  const long long words = 2 * qh * hd + 3 * qh + (long long)nwarps * AMK_ATTN_HB * hd + qh * t.ip[AMK_P_ATTN_SCORE_CAP];
-#if AMK_ATTN_TMA  // | 16-byte alignment | two barriers (4 words) | K and V stages, score-cap rows of hd halves each
-  return ((words + 3) & ~3ll) + 4 + t.ip[AMK_P_ATTN_SCORE_CAP] * hd;  // (vm/loader.py _smem_words)
-#else
-  return words;
-#endif
+  return 2 * qh * hd + 3 * qh + (long long)nwarps * AMK_ATTN_HB * hd + qh * t.ip[AMK_P_ATTN_SCORE_CAP];
 }
 
 // Order-preserving int key of a float (larger float, larger key; NaN above +inf), so that
@@ -296,26 +291,6 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 #ifndef AMK_ATTN_K_AHEAD
 #define AMK_ATTN_K_AHEAD 0
 #endif
-// AMK_ATTN_TMA (experiment, off; eval/PERF_NOTES.md item 222): a partial's K and V rows copied into shared
-// memory by sm_90's bulk copies (cp.async.bulk, completing on a transaction barrier each) right after
-// its wait, all of a split's bytes in flight at once without registers; the wide passes then read the
-// stage (SMEM below). The emulator runs it; sm_80 and the AMD parts keep the passes from memory.
-#ifndef AMK_ATTN_TMA
-#define AMK_ATTN_TMA 0
-#endif
-#if AMK_ATTN_TMA && (defined(__HIPCC__) || defined(__HIPCC_RTC__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900))
-#undef AMK_ATTN_TMA
-#define AMK_ATTN_TMA 0  // (no bulk copies there)
-#endif
-// 16 bytes of a wide pass's row: from memory, or (SMEM) from the shared-memory stage of AMK_ATTN_TMA.
-template <bool SMEM>
-AMK_DEVICE amk_u32x4 amk_attn_ld16(const char* p) {
-#if AMK_ATTN_TMA
-  if constexpr (SMEM) return amk_lds16(p);
-#endif
-  return amk_ld16(p);
-}
-template <bool SMEM = false>
 AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
                                      int qdt, int* mkey, float* cache, int cap) {
   constexpr int HB = AMK_ATTN_SCORE_HB;
@@ -325,8 +300,7 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
   const int step = amk_nwarps() * R;
   const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)sub * 32) * 2;
 #if AMK_ATTN_K_AHEAD
-  if constexpr (!SMEM)
-    for (int j = ja + amk_warp() * R + step + grp; j < jb; j += step) amk_prefetch_l1(base + (amk_i64)j * K.width * 2);
+  for (int j = ja + amk_warp() * R + step + grp; j < jb; j += step) amk_prefetch_l1(base + (amk_i64)j * K.width * 2);
 #endif
 #pragma unroll 1
   for (int hb = 0; hb < qh; hb += HB) {
@@ -339,7 +313,7 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
       amk_u32x4 raw[4];
       const char* row = base + (amk_i64)j * K.width * 2;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_attn_ld16<SMEM>(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+      for (int c = 0; c < 4; ++c) raw[c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
       float t[HB];
 #pragma unroll
       for (int hh = 0; hh < HB; ++hh) {
@@ -373,101 +347,6 @@ AMK_DEVICE void amk_attn_scores_wide(const AmkKvRows& K, const float* qs, int ja
     if (mkey != nullptr) amk_attn_key_max(key, G, &mkey[hb], qh - hb);
   }
 }
-
-// AMK_ATTN_MMA (experiment, off; eval/PERF_NOTES.md item 220): the score pass on the tensor cores,
-// where the wide pass spends a lane's instructions on q's shared-memory loads, the halves'
-// conversions and 32 FMAs a row and head. Scores are q K^T, one mma.sync.m16n8k16 a k-step of 16
-// dims over 8 rows: A is q (row g = head g < qh <= 8, heads 8-15 zero), B is 8 K rows as loaded.
-// The dims are permuted alike in A and B (a dot product's sum does not care which k-slot holds a
-// dim): lane t of a row's four (lane = 4 g + t) holds K dims [t hd/4, (t+1) hd/4) as NV 16-byte
-// vectors, and k-step s takes its dims t hd/4 + 4s .. + 3, words 2s and 2s + 1, with no repacking.
-// q is packed to the cache's half dtype, exact where q is of that dtype (amk_attn_mma_ok). The
-// value is NV = head_dim / 32 (2 for the Llamas' 64, 4 for 128); the lane's products are summed in
-// fp32 by the MMA, in the hardware's order (like the other passes, not HF's order). Same results
-// contract as amk_attn_scores_wide: exact maximum keys, the first cap rows' scores cached.
-#ifndef AMK_ATTN_MMA
-#define AMK_ATTN_MMA 0
-#endif
-#if AMK_ATTN_MMA
-#ifndef AMK_ATTN_MMA_TILES
-#define AMK_ATTN_MMA_TILES (8 / (AMK_ATTN_MMA))  // 8-row tiles a warp loads a round: 128 bytes a lane in flight
-#endif                                          // (at head_dim 128 four tiles spill 4 / 8 B on sm_90, two none)
-#if AMK_ATTN_MMA_TILES < 1
-#error "AMK_ATTN_MMA_TILES: one tile a round at least"
-#endif
-#if defined(__HIPCC__) || defined(__HIPCC_RTC__)
-#error "AMK_ATTN_MMA needs NVIDIA's mma.sync"
-#endif
-AMK_DEVICE bool amk_attn_mma_ok(const AmkKvRows& K, int qh, int qdt) {
-  return AMK_WARP_SIZE == 32 && amk_attn_wide_rows(K) && K.hd == 32 * AMK_ATTN_MMA && qh <= 8 && qdt == K.dt;
-}
-
-// q[0], q[1] as a pair of halves of dtype dt (BF16 or F16; exact: they are of that dtype).
-AMK_DEVICE unsigned amk_attn_mma_pair(float lo, float hi, int dt) {
-  if (dt == AMK_DTYPE_BF16) return ((unsigned)__float_as_int(lo) >> 16) | ((unsigned)__float_as_int(hi) & 0xffff0000u);
-  return amk_f16x2_rn(lo, hi);
-}
-
-AMK_DEVICE void amk_attn_scores_mma(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
-                                    int qdt, int* mkey, float* cache, int cap) {
-  constexpr int NV = AMK_ATTN_MMA, KS = 2 * NV, U = AMK_ATTN_MMA_TILES;
-  const int lane = amk_lane(), g = lane >> 2, t = lane & 3, hd = K.hd;
-  const bool head = g < qh;
-  unsigned a[KS][4];  // A fragments, all k-steps: held over the pass
-  const float* q = qs + min(g, qh - 1) * hd + t * 8 * NV;
-#pragma unroll
-  for (int s = 0; s < KS; ++s) {
-    const float4 qv = *(const float4*)(q + 4 * s);
-    a[s][0] = head ? amk_attn_mma_pair(qv.x, qv.y, K.dt) : 0u;
-    a[s][2] = head ? amk_attn_mma_pair(qv.z, qv.w, K.dt) : 0u;
-    a[s][1] = a[s][3] = 0u;
-  }
-  int key = AMK_ATTN_NO_KEY;  // this lane's largest key of head g
-  const amk_i64 pitch = K.width * 2;
-  const char* base = (const char*)K.b->ptr + (K.off + (amk_i64)t * 8 * NV) * 2;
-  const int step = amk_nwarps() * 8 * U;
-#pragma unroll 1
-  for (int jw = ja + amk_warp() * 8 * U; jw < jb; jw += step) {  // warp-uniform: the MMA needs every lane
-    amk_u32x4 raw[U][NV];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = jw + 8 * u + g;
-      const char* row = base + (amk_i64)j * pitch;
-#pragma unroll
-      for (int c = 0; c < NV; ++c) raw[u][c] = j < jb ? amk_ld16(row + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (jw + 8 * u >= jb) break;  // warp-uniform
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        const unsigned b[2] = {amk_word(raw[u][s / 2], 2 * (s % 2)), amk_word(raw[u][s / 2], 2 * (s % 2) + 1)};
-        if (K.dt == AMK_DTYPE_BF16) amk_mma_16816_bf16(d, a[s], b);
-        else amk_mma_16816_f16(d, a[s], b);
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {  // d[i]: head g, row jw + 8 u + 2 t + i
-        const int j = jw + 8 * u + 2 * t + i;
-        if (head && j < jb) {
-          const float sc = amk_attn_scaled(d[i], scale, qdt);
-          const int k = amk_order_key(sc);
-          key = k > key ? k : key;
-          if (j - ja < cap) cache[g * cap + (j - ja)] = sc;
-        }
-      }
-    }
-  }
-  if (mkey != nullptr) {  // head g's key over its four lanes, then one shared atomic
-#pragma unroll
-    for (int m = 1; m < 4; m <<= 1) {
-      const int other = amk_shfl_xor_int(key, m);
-      key = other > key ? other : key;
-    }
-    if (t == 0 && head && key != AMK_ATTN_NO_KEY) atomicMax(&mkey[g], key);
-  }
-}
-#endif
 
 // amk_attn_scores over the split layout: a lane holds AMK_KV_LANE floats of a row.
 AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale,
@@ -526,9 +405,6 @@ AMK_DEVICE void amk_attn_scores_split(const AmkKvRows& K, const float* qs, int j
 // (mkey == nullptr): every row cached the same way.
 AMK_DEVICE void amk_attn_scores(const AmkKvRows& K, const float* qs, int ja, int jb, int qh, float scale, int qdt,
                                 int* mkey, float* cache, int cap) {
-#if AMK_ATTN_MMA
-  if (amk_attn_mma_ok(K, qh, qdt)) return amk_attn_scores_mma(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
-#endif
   if (amk_attn_wide_ok(K)) return amk_attn_scores_wide(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
 #if AMK_ATTN_SCORES_SPLIT
   amk_attn_scores_split(K, qs, ja, jb, qh, scale, qdt, mkey, cache, cap);
@@ -602,7 +478,6 @@ AMK_DEVICE void amk_attn_pv_scatter(float* acc, int G, int lane, int& off, int& 
 // shuffles, where the split layout's butterfly of all values takes N log2(R) (at head_dim
 // 64: 24 shuffles a lane instead of 64). The warps' partials then go through shared memory
 // in order, as in the split layout (amk_attn_pv_warps).
-template <bool SMEM = false>
 AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, int jt, int tn, int qh, float* o,
                                  float* wpart) {
   constexpr int HB = AMK_ATTN_HB, NV = AMK_ATTN_PV_VECS, U = AMK_ATTN_PV_ROWS, D = 8 * NV, N = HB * D;
@@ -627,7 +502,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
         const int jj = rw + u * step + grp;
 #pragma unroll
         for (int c = 0; c < NV; ++c)
-          raw[u][c] = jj < tn ? amk_attn_ld16<SMEM>(row + u * upitch + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+          raw[u][c] = jj < tn ? amk_ld16(row + u * upitch + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -741,74 +616,9 @@ AMK_DEVICE void amk_attn_pv(const AmkKvRows& V, const float* p, int cap, int jt,
 #ifndef AMK_ATTN_ONE_TILE
 #define AMK_ATTN_ONE_TILE 0
 #endif
-#if AMK_ATTN_TMA
-// The shared-memory stage of a partial's rows (AMK_ATTN_TMA): bar[0] completes when K's rows have landed
-// in k, bar[1] V's in v; rows j0 .. j1-1 at (j - j0) * head_dim halves.
-struct AmkAttnStage {
-  unsigned long long* bar;
-  char *k, *v;
-};
-
-// Does a split's rows go through the stage? Both passes wide (half precision, 16-byte rows), and the
-// split within the stage's score-cap rows (one tile).
-AMK_DEVICE bool amk_attn_stage_ok(const AmkKvRows& K, const AmkKvRows& V, int rows, int cap) {
-  return AMK_ATTN_PV_WIDE && rows > 0 && rows <= cap && amk_attn_wide_ok(K) && AMK_ATTN_PV_WIDE_ROWS(V) &&
-         K.hd == V.hd;
-}
-
-// All threads: the barriers set up, then warp 0 issues the bulk copies of rows [j0, j0 + rows) of K and
-// V: one copy a row, or one for all where the rows are contiguous (a head-major cache, kv_head_major).
-AMK_DEVICE void amk_attn_stage_issue(const AmkKvRows& K, const AmkKvRows& V, int j0, int rows, const AmkAttnStage& st) {
-  if (threadIdx.x == 0) amk_mbar_init(st.bar, 1), amk_mbar_init(st.bar + 1, 1);
-  amk_syncthreads();  // the barriers set up; every thread's earlier use of the stage's memory done
-  if (amk_warp() != 0) return;
-  const unsigned row_bytes = 2u * K.hd;
-  amk_fence_proxy_async();  // the rows this block acquired, and those earlier uses, before the copies
-  if (amk_lane() == 0) amk_mbar_arrive_expect_tx(st.bar, rows * row_bytes), amk_mbar_arrive_expect_tx(st.bar + 1, rows * row_bytes);
-  amk_syncwarp();
-  for (int kv = 0; kv < 2; ++kv) {
-    const AmkKvRows& R = kv == 0 ? K : V;
-    char* dst = kv == 0 ? st.k : st.v;
-    const char* src = (const char*)R.b->ptr + (R.off + (amk_i64)j0 * R.width) * 2;
-    if (R.width == R.hd) {
-      if (amk_lane() == 0) amk_bulk_to_shared(dst, src, rows * row_bytes, st.bar + kv);
-    } else {
-      for (int j = amk_lane(); j < rows; j += AMK_WARP_SIZE)
-        amk_bulk_to_shared(dst + j * row_bytes, src + (amk_i64)j * R.width * 2, row_bytes, st.bar + kv);
-    }
-  }
-}
-
-// Until the barrier's copies have landed (every thread); false, with an error reported, after 2 s.
-AMK_DEVICE bool amk_attn_stage_wait(const AmkCtx& c, unsigned long long* bar) {
-  const unsigned long long t0 = amk_timer_ns();
-  for (unsigned i = 1; !amk_mbar_try_wait(bar, 0); ++i)
-    if ((i & 1023) == 0 && amk_timer_ns() - t0 > 2000000000ull) {
-      if (threadIdx.x == 0) amk_report(c, AMK_ERR_SPIN_TIMEOUT, -1, 0, 0);
-      return false;
-    }
-  return true;
-}
-
-// Rows R of a KV operand as the wide passes read them from the stage: `fake` is R's buffer moved so
-// that row j (j0 <= j < j1) is at stage + (j - j0) * head_dim halves.
-AMK_DEVICE AmkKvRows amk_attn_staged_rows(const AmkKvRows& R, AmkBuffer& fake, const char* stage, int j0) {
-  fake = *R.b;
-  fake.ptr = (amk_u64)(stage - (amk_i64)j0 * R.hd * 2);
-  AmkKvRows s = R;
-  s.b = &fake, s.off = 0, s.width = R.hd;
-  return s;
-}
-#endif
-
-// STAGED (AMK_ATTN_TMA): K and V read from the stage, whose V rows are waited for before the P.V pass
-// (bar_v; the caller waited for K's); one tile (amk_attn_stage_ok).
-template <bool STAGED = false>
 AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const AmkKvRows& V, const float* qs,
                                       float* o, float* mh, float* lh, int* mkey, float* wpart, float* cache, int cap,
-                                      int j0, int j1, int qh, float scale, int qdt,
-                                      unsigned long long* bar_v = nullptr) {
-  (void)bar_v;  // (STAGED only)
+                                      int j0, int j1, int qh, float scale, int qdt) {
 #if AMK_ATTN_ONLY_WIDE
   if ((!AMK_ATTN_SCORES_SPLIT && !amk_attn_wide_ok(K)) ||
       (!AMK_ATTN_PV_SPLIT && !AMK_ATTN_PV_WIDE_ROWS(V))) {  // rows this build left out
@@ -823,11 +633,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
   }
 #endif
   // pass 1: scores, the maximum per head, the first cap scores cached
-#if AMK_ATTN_TMA
-  if constexpr (STAGED) amk_attn_scores_wide<true>(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
-  else
-#endif
-    amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
+  amk_attn_scores(K, qs, j0, j1, qh, scale, qdt, mkey, cache, cap);
   amk_syncthreads();
   for (int h = threadIdx.x; h < qh; h += blockDim.x) mh[h] = amk_order_unkey(mkey[h]);
   amk_syncthreads();
@@ -857,13 +663,7 @@ AMK_DEVICE void amk_attn_partial_rows(const AmkCtx& c, const AmkKvRows& K, const
 #if AMK_DIAG_PV_MARK
     amk_trace_mark(c, 2);  // diagnostic: exp and l done (the P.V pass follows)
 #endif
-#if AMK_ATTN_TMA
-    if constexpr (STAGED) {
-      if (!amk_attn_stage_wait(c, bar_v)) return;
-      amk_attn_pv_wide<true>(V, cache, cap, jt, tn, qh, o, wpart);
-    } else
-#endif
-      amk_attn_pv(V, cache, cap, jt, tn, qh, o, wpart);
+    amk_attn_pv(V, cache, cap, jt, tn, qh, o, wpart);
   }
 }
 
@@ -959,30 +759,9 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
     return;
   }
   amk_trace_mark(c, 0);  // q staged, pos read
-#if AMK_ATTN_TMA
-  const AmkKvRows K = amk_kv_rows(kb, k, hd), V = amk_kv_rows(vb, v, hd);
-  if (amk_attn_stage_ok(K, V, j1 - j0, cap)) {
-    float* after = cache + qh * cap;
-    after += (4 - (after - qs) % 4) % 4;  // 16-byte aligned (qs is)
-    const AmkAttnStage st{(unsigned long long*)after, (char*)(after + 4), (char*)(after + 4) + (amk_i64)cap * hd * 2};
-    amk_attn_stage_issue(K, V, j0, j1 - j0, st);
-    AmkBuffer kf, vf;
-    const bool ok = amk_attn_stage_wait(c, st.bar);
-    if (ok)
-      amk_attn_partial_rows<true>(c, amk_attn_staged_rows(K, kf, st.k, j0), amk_attn_staged_rows(V, vf, st.v, j0), qs,
-                                  o, mh, lh, mkey, wpart, cache, cap, j0, j1, qh, scale, qb.dtype, st.bar + 1);
-    amk_syncthreads();  // every thread past both waits: the barriers can go
-    if (threadIdx.x == 0) amk_mbar_inval(st.bar), amk_mbar_inval(st.bar + 1);
-    if (!ok) return;
-  } else {
-    amk_attn_partial_rows(c, K, V, qs, o, mh, lh, mkey, wpart, cache, cap, j0, j1, qh, scale, qb.dtype);
-    amk_syncthreads();
-  }
-#else
   amk_attn_partial_rows(c, amk_kv_rows(kb, k, hd), amk_kv_rows(vb, v, hd), qs, o, mh, lh, mkey, wpart, cache, cap,
                         j0, j1, qh, scale, qb.dtype);
   amk_syncthreads();
-#endif
 #if !AMK_DIAG_PV_MARK
   amk_trace_mark(c, 2);  // P.V done
 #endif

@@ -190,56 +190,6 @@ def test_attention_half_kv_pv_rounds(emu, head_dim, q_heads, dtype, splits, pos)
     assert torch.equal(got, again), what + ": a second run differs"
 
 
-@pytest.mark.parametrize("head_dim,q_heads,dtype,splits,pos", [PV_CASES[0], PV_CASES[2], PV_CASES[3]])
-def test_attention_scores_on_the_tensor_cores(emu, monkeypatch, head_dim, q_heads, dtype, splits, pos):
-    """AMK_ATTN_MMA (experiment, eval/PERF_NOTES.md item 220): the score pass as mma.sync over q and
-    the K rows as loaded, their dims permuted alike. q is stored in the cache's half dtype (the MMA
-    needs it exact). K's history is of scale 0.2: a dim, row, head or k-step mis-mapped moves every
-    score and so m far outside the tolerance, while the few scores whose half rounding flips with
-    the fp32 sums' order (F16: 1 in ~2,000 at unit scale) stay within it. The
-    cases: head_dim 32, 64 and 128 (1, 2 and 4 vectors a lane), 8 and 5 q heads (a lane a head, the
-    A rows past them zero), two score tiles (the recompute pass) and several splits."""
-    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_ATTN_MMA={head_dim // 32}")
-    cap, kv_heads = pos + 1, 2
-    prog, t = attention_program(heads=q_heads * kv_heads, kv_heads=kv_heads, head_dim=head_dim, splits=splits,
-                                block=16, capacity=cap, seed=head_dim + q_heads + 1)
-    halves = {"k_cache", "v_cache", "q_rope"}
-    prog = prog.model_copy(update={"buffers": [b.model_copy(update={"dtype": dtype}) if b.name in halves else b
-                                               for b in prog.buffers]})
-    ref, vm = ReferenceVM(prog, t), emu(prog, t, spin_timeout_s=60.0)
-    gen = torch.Generator().manual_seed(head_dim * 11 + q_heads)
-    for name in ("k_cache", "v_cache"):
-        scale = 0.2 if name == "k_cache" else 1.0
-        hist = (scale * torch.randn(cap, ref.read_buffer(name).numel() // cap, generator=gen)).to(TORCH[dtype])
-        ref.mem[ref._by_name[name].id].copy_(hist.reshape(-1).to(ref.mem[ref._by_name[name].id].dtype))
-        vm.tensors[name].copy_(hist.reshape(-1))
-    what = f"{dtype.name} KV scores by MMA, head_dim {head_dim}, {q_heads} q heads, {splits} splits"
-    want = ref.run_step(5, pos)["out"]
-    got = vm.run_step(5, pos)["out"]
-    close(vm.read_buffer("ml"), ref.read_buffer("ml"), what + ": (m, l)")
-    close(vm.read_buffer("o_part"), ref.read_buffer("o_part"), what + ": partial sums")
-    close(got, want, what)
-
-
-@pytest.mark.parametrize("case", [PV_CASES[1], PV_CASES[4], PV_CASES[0]])
-def test_attention_rows_staged_by_bulk_copies(emu, monkeypatch, case):
-    """AMK_ATTN_TMA (experiment, eval/PERF_NOTES.md item 222): a split's K and V rows copied into the
-    partial's shared-memory stage, a bulk copy a row (a row-major cache), both passes reading the stage:
-    the P.V cases' partial sums, (m, l) and outputs, at head_dim 64 and 128, bf16 and f16, one and three
-    splits; the two-tile case (1201 rows over 1024 cached scores) is not staged and reads memory."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_TMA=1")
-    test_attention_half_kv_pv_rounds(emu, *case)
-
-
-@pytest.mark.parametrize("head_major", [False, True])
-def test_lowered_model_with_staged_attention_rows(emu, monkeypatch, head_major):
-    """AMK_ATTN_TMA on a lowered bf16 model: a copy a row, or (kv_head_major) one copy a split's rows."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_ATTN_TMA=1")
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, kv_splits=2,
-                      kv_head_major=head_major)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:3])])
-
-
 def test_silu_mul_and_add(emu):
     run_both(emu, *elementwise_program(), [(0, 0), (4, 0)])
 

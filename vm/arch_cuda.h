@@ -149,52 +149,6 @@ AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigne
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-// The same with bf16 A and B (the attention's score MMA over a bf16 cache).
-AMK_DEVICE void amk_mma_16816_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ---------------------------------------------------------------- bulk copies (sm_90's TMA engine)
-// A transaction barrier in shared memory (mbarrier) and cp.async.bulk from global into shared memory
-// completing on it: bytes in flight without registers (instructions/attention.cuh AMK_ATTN_TMA).
-AMK_DEVICE unsigned amk_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-AMK_DEVICE void amk_mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n\tfence.mbarrier_init.release.cluster;" ::"r"(amk_smem_u32(bar)),
-               "r"(count)
-               : "memory");
-}
-AMK_DEVICE void amk_mbar_inval(unsigned long long* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(amk_smem_u32(bar)) : "memory");
-}
-AMK_DEVICE void amk_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(amk_smem_u32(bar)), "r"(bytes) : "memory");
-}
-AMK_DEVICE bool amk_mbar_try_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-      : "=r"(done)
-      : "r"(amk_smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Orders this thread's earlier generic-proxy accesses (and what they acquired) before its later
-// async-proxy ones: the bulk copy reads rows another block wrote, into shared memory an earlier op used.
-AMK_DEVICE void amk_fence_proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
-AMK_DEVICE void amk_bulk_to_shared(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   amk_smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(amk_smem_u32(bar))
-               : "memory");
-}
-AMK_DEVICE amk_u32x4 amk_lds16(const void* p) {  // 16 bytes of shared memory (a generic address of it)
-  amk_u32x4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(amk_smem_u32(p)));
-  return r;
-}
 
 // ---------------------------------------------------------------- exact arithmetic
 // Element-wise steps that the reference does as separate torch ops must not be contracted

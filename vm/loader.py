@@ -255,11 +255,8 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, warp: int) 
     if op == Op.ARGMAX:
         return 2 * warp
     if op == Op.ATTN_PARTIAL:
-        qh, hd, cap = p.q_heads, p.head_dim, attn_score_cap(p, kv_capacity)
-        words = 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * cap
-        if experiment_defines().get("AMK_ATTN_TMA"):  # | align | two barriers | K and V stages (attention.cuh)
-            words = ((words + 3) & ~3) + 4 + cap * hd
-        return words
+        qh, hd = p.q_heads, p.head_dim
+        return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
     if op == Op.ATTN_COMBINE:
         return 2 * p.splits * p.q_heads + p.q_heads
     return 0

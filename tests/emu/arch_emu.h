@@ -167,18 +167,16 @@ AMK_DEVICE unsigned amk_f16x2_sub(unsigned a, unsigned b) {  // exact for the in
   return amk_f16x2_rn(amk_emu_half(a, 0) - amk_emu_half(b, 0), amk_emu_half(a, 1) - amk_emu_half(b, 1));
 }
 AMK_DEVICE unsigned amk_and_or(unsigned a, unsigned b, unsigned c) { return (a & b) | c; }
-// d += A B for one warp in vm/arch_cuda.h's fragment layout; half(pair, i) decodes A's and B's halves.
-template <class Half>
-AMK_DEVICE void amk_emu_mma_16816(float d[4], const unsigned a[4], const unsigned b[2], Half half) {
+AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
   const int t = threadIdx.x, lane = t % AMK_WARP_SIZE, base = t - lane;
   unsigned* f = amk_emu_block->mma.data();
   for (int i = 0; i < 4; ++i) f[6 * t + i] = a[i];
   f[6 * t + 4] = b[0], f[6 * t + 5] = b[1];
   amk_syncwarp();
   auto A = [&](int r, int k) {  // lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8)
-    return half(f[6 * (base + (r % 8) * 4 + (k % 8) / 2) + (r >= 8) + 2 * (k >= 8)], k % 2);
+    return amk_emu_half(f[6 * (base + (r % 8) * 4 + (k % 8) / 2) + (r >= 8) + 2 * (k >= 8)], k % 2);
   };
-  auto B = [&](int k, int n) { return half(f[6 * (base + n * 4 + (k % 8) / 2) + 4 + (k >= 8)], k % 2); };
+  auto B = [&](int k, int n) { return amk_emu_half(f[6 * (base + n * 4 + (k % 8) / 2) + 4 + (k >= 8)], k % 2); };
   for (int i = 0; i < 4; ++i) {
     const int r = lane / 4 + 8 * (i / 2), n = 2 * (lane % 4) + i % 2;
     float s = d[i];
@@ -187,32 +185,6 @@ AMK_DEVICE void amk_emu_mma_16816(float d[4], const unsigned a[4], const unsigne
   }
   amk_syncwarp();
 }
-AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigned b[2]) {
-  amk_emu_mma_16816(d, a, b, amk_emu_half);
-}
-AMK_DEVICE void amk_mma_16816_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
-  amk_emu_mma_16816(d, a, b, [](unsigned pair, int i) { return amk_bf16_to_f32((unsigned short)(pair >> (16 * i))); });
-}
-
-// The transaction barrier and bulk copy of vm/arch_cuda.h: the barrier's word holds the arrivals still
-// pending (low 32 bits) and the bytes still expected (high 32); a copy lands at once and then counts its
-// bytes off; a wait is done when the word is 0 (one phase a barrier: the attention re-inits it each task).
-AMK_DEVICE void amk_mbar_init(unsigned long long* bar, unsigned count) { __atomic_store_n(bar, count, __ATOMIC_SEQ_CST); }
-AMK_DEVICE void amk_mbar_inval(unsigned long long* bar) { __atomic_store_n(bar, ~0ull, __ATOMIC_SEQ_CST); }
-AMK_DEVICE void amk_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  __atomic_fetch_add(bar, ((unsigned long long)bytes << 32) - 1ull, __ATOMIC_SEQ_CST);
-}
-AMK_DEVICE bool amk_mbar_try_wait(unsigned long long* bar, unsigned) {
-  if (__atomic_load_n(bar, __ATOMIC_SEQ_CST) == 0) return true;
-  std::this_thread::yield();
-  return false;
-}
-AMK_DEVICE void amk_fence_proxy_async() {}
-AMK_DEVICE void amk_bulk_to_shared(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  memcpy(dst, src, bytes);
-  __atomic_fetch_sub(bar, (unsigned long long)bytes << 32, __ATOMIC_SEQ_CST);
-}
-AMK_DEVICE amk_u32x4 amk_lds16(const void* p) { return *(const amk_u32x4*)p; }
 
 // ---------------------------------------------------------------- arithmetic (-ffp-contract=off)
 AMK_DEVICE float amk_mul(float a, float b) { return a * b; }
