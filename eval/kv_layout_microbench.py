@@ -9,7 +9,7 @@ rows a pass, --unroll passes' loads in flight: 4 is the wide score pass's 16 KB 
               head's rows back to back
 for --layers layers' caches in turn in one launch (more than the L2 holds: each row comes from
 HBM, as in a decode step). Prints the median time a layer's K (median over --reps launches) and
-the rate; each block XORs its words into a checksum that the host checks.
+the rate; each warp XORs its words into a checksum (one atomic a warp) that the host checks.
 
     python -m amk.eval.kv_layout_microbench [--kv-heads 8] [--head-dim 64] [--splits 16] [--rows 528]
         [--layers 16] [--unroll 1 4 8] [--json]      (a CUDA GPU and CuPy)
@@ -43,7 +43,10 @@ extern "C" __global__ void kv_read(const uint4* __restrict__ base, long long lay
       for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
   }
-  atomicXor(&sums[0], acc);
+  // the checksum: a warp's lanes, then one atomic a warp (one a thread, 32K on one word, added
+  // microseconds to every launch: the first committed form's figures were slower by that much)
+  for (int m = 16; m > 0; m >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, m);
+  if (threadIdx.x % 32 == 0) atomicXor(&sums[0], acc);
 }
 """
 
