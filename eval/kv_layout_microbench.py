@@ -8,7 +8,7 @@ rows a pass, --unroll passes' loads in flight: 4 is the wide score pass's 16 KB 
   contiguous  [kv_heads, capacity, head_dim]: head-major (ScheduleConfig.kv_head_major), a
               head's rows back to back
 for --layers layers' caches in turn in one launch (more than the L2 holds: each row comes from
-HBM, as in a decode step). Prints the median time a layer's K (median over --reps launches) and
+HBM, as in a decode step). Prints the median time a layer's K (median over --reps timings of 5 launches) and
 the rate; each warp XORs its words into a checksum (one atomic a warp) that the host checks.
 
     python -m amk.eval.kv_layout_microbench [--kv-heads 8] [--head-dim 64] [--splits 16] [--rows 528]
@@ -51,6 +51,9 @@ extern "C" __global__ void kv_read(const uint4* __restrict__ base, long long lay
 """
 
 
+LAUNCHES = 5  # a timing's launches (odd: see the checksum)
+
+
 def _args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-heads", type=int, default=8)
@@ -87,20 +90,23 @@ def main(argv=None) -> int:
     for unroll in a.unroll:
         for contiguous in (0, 1):
             name = f"{'contiguous' if contiguous else 'strided'}_unroll{unroll}"
+            args = (words, cp.int64(layer_vecs), cp.int32(a.layers), cp.int32(contiguous), cp.int32(cap),
+                    cp.int32(a.kv_heads), cp.int32(vecs_a_row), cp.int32(a.rows), cp.int32(unroll), sums)
             times = []
             for _ in range(a.reps):
                 sums.fill(0)
                 start, stop = cp.cuda.Event(), cp.cuda.Event()
+                # LAUNCHES back to back: the host's launch cost overlaps the kernels before them (one launch
+                # a timing measured that cost too, ~40 us a launch: PERF_NOTES item 221)
                 start.record()
-                kernel((a.kv_heads * a.splits,), (256,),
-                       (words, cp.int64(layer_vecs), cp.int32(a.layers), cp.int32(contiguous), cp.int32(cap),
-                        cp.int32(a.kv_heads), cp.int32(vecs_a_row), cp.int32(a.rows), cp.int32(unroll), sums))
+                for _ in range(LAUNCHES):
+                    kernel((a.kv_heads * a.splits,), (256,), args)
                 stop.record()
                 stop.synchronize()
-                got = int(sums.get()[0])
+                got = int(sums.get()[0])  # an odd number of launches: their XOR is one launch's
                 if got != want:
                     raise SystemExit(f"{name}: checksum {got:#x}, expected {want:#x} (a row missed or read twice)")
-                times.append(cp.cuda.get_elapsed_time(start, stop) * 1000 / a.layers)
+                times.append(cp.cuda.get_elapsed_time(start, stop) * 1000 / (LAUNCHES * a.layers))
             us = sorted(times)[len(times) // 2]
             out["us_a_layer"][name], out["tb_s"][name] = us, layer_mb / us
             if not a.json:
