@@ -14,7 +14,7 @@ def test_kv_layout_kernel_compiles_for_sm90(tmp_path):
 
 def test_arguments():
     a = _args([])
-    assert (a.kv_heads, a.head_dim, a.splits, a.rows, a.unroll) == (8, 64, 16, 528, [1, 4, 8])
-    for bad in (["--head-dim", "60"], ["--head-dim", "4"], ["--unroll", "9"], ["--unroll", "0"]):
+    assert (a.kv_heads, a.splits, a.rows, a.unroll) == (8, 16, 528, [1, 4, 8])
+    for bad in (["--rows", "0"], ["--layers", "0"], ["--unroll", "9"], ["--unroll", "0"]):
         with pytest.raises(SystemExit):
             _args(bad)
