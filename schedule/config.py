@@ -80,8 +80,9 @@ class ScheduleConfig(BaseModel):
         False,
         description="Store each KV cache head-major (Buffer.kv_head): a KV head's rows back to back, so that "
         "an attention split reads one contiguous run instead of head_dim elements from every row of "
-        "the cache. A stand-alone read of the 1B's K at ctx 8192 on an H200 took 3.60 us instead of "
-        "5.97 with 16 KB a SM in flight (eval/PERF_NOTES.md item 221). Regions and results unchanged.",
+        "the cache. Regions and results unchanged. A stand-alone read of the 1B's K at ctx 8192 on an "
+        "H200 took 3.53 us instead of 5.90 with 16 KB a SM in flight, but the megakernel measured no gain "
+        "(1B ctx 8192 +0.03 %, SmolLM2 +0.69 %: eval/PERF_NOTES.md item 221), so it is off.",
     )
     kv_block: int = Field(
         16, ge=8, le=1024,
