@@ -274,7 +274,9 @@ class MegakernelRunner:
 
     def _kv(self, name: str) -> torch.Tensor:
         vm = self.vm
-        buf = next(b for b in self.mk.program.buffers if b.name == name)
+        buf = next((b for b in self.mk.program.buffers if b.name == name), None)
+        if buf is None:
+            raise BenchError(f"the program has no KV cache buffer {name!r}")
         if hasattr(vm, "tensors") and name in vm.tensors:
             flat = vm.tensors[name]
         elif hasattr(vm, "mem") and hasattr(vm, "_by_name"):

@@ -353,8 +353,8 @@ class PackedProgram:
 
 
 def _check_kv_layouts(program: Program) -> None:
-    """Refuse head-major KV caches (Buffer.kv_head) the kernel cannot read: a kv_head that does not
-    divide the cache's width, or an attention partial's head that is not one whole block (the
+    """Refuse head-major KV caches (Buffer.kv_head) the kernel cannot read: a kv_head that is not a
+    power of two dividing the cache's width, or an attention partial's head that is not one whole block (the
     partial streams a head's rows as one run of kv_head elements a row; appends map each element)."""
     by_id = {b.id: b for b in program.buffers}
     for b in program.buffers:
