@@ -13,8 +13,9 @@ launches each) and the rate.
     python -m amk.eval.kv_layout_microbench [--kv-heads 8] [--splits 16] [--rows 528] [--layers 16]
         [--unroll 1 4 8] [--json]      (a CUDA GPU and CuPy)
 Defaults: the 1B at ctx 8192 (528-row splits). A diagnostic, not a latency figure of the megakernel:
-a form of this kernel with the lane geometry as run-time values and a checksum read 1.1-1.7x slower
-(PERF_NOTES item 221), so small code differences move these figures.
+ptxas moves each vector's XOR up between the loads, so "passes in flight" is nominal (about four
+loads a lane are); a form with the lane geometry as run-time values kept about two and read 1.1-1.7x
+slower (PERF_NOTES item 221).
 """
 
 from __future__ import annotations
