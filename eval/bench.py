@@ -60,7 +60,7 @@ from amk.eval.provenance import git_commit
 from amk.schedule.modelspec import ModelSpec
 from amk.schedule.rope_rows import in_hf_order, permute_k_history
 from amk.vm.loader import experiment_defines
-from amk.vm.kv_layout import kv_rows_view
+from amk.vm.kv_layout import kv_rows_view, stored_kv_head
 
 GATE_TOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}  # half: only for fallback comparisons
 HALF = ("bfloat16", "float16")  # gated by eval/tolerance.py against an fp32 reference
@@ -278,16 +278,15 @@ class MegakernelRunner:
         if buf is None:
             raise BenchError(f"the program has no KV cache buffer {name!r}")
         if hasattr(vm, "tensors") and name in vm.tensors:
-            flat = vm.tensors[name]
+            flat, h = vm.tensors[name], stored_kv_head(self.mk.program, buf)
         elif hasattr(vm, "mem") and hasattr(vm, "_by_name"):
-            flat = vm.mem[vm._by_name[name].id]
-            buf = buf.model_copy(update={"kv_head": 0})  # the ReferenceVM keeps the IR's rows
+            flat, h = vm.mem[vm._by_name[name].id], 0  # the ReferenceVM keeps the IR's rows
         else:
             raise BenchError(f"cannot reach the megakernel's KV cache buffer {name!r}")
         width = self.spec.num_kv_heads * self.spec.head_dim
         if flat.numel() != self.capacity * width:
             raise BenchError(f"KV buffer {name} holds {flat.numel()} elements, expected {self.capacity} x {width}")
-        return kv_rows_view(buf, flat)  # [capacity, heads, h] in the IR's rows, whatever the layout
+        return kv_rows_view(buf, flat, h)  # [capacity, heads, h] in the IR's rows, whatever the layout
 
     def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[0]

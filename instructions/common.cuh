@@ -271,7 +271,7 @@ AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
   return o.count <= 1 ? o.off + i : amk_flat_runs(o.off, o.stride, o.len, i);
 }
 
-// AMK_KV_HEAD_MAJOR: the program has head-major KV caches (ir.Buffer.kv_head, vm/kv_layout.py), which
+// AMK_KV_HEAD_MAJOR: the program has head-major KV caches (meta['vm']['kv_head'], vm/kv_layout.py), which
 // the loader's define compiles in; other builds keep the row-major index alone.
 #ifndef AMK_KV_HEAD_MAJOR
 #define AMK_KV_HEAD_MAJOR 0

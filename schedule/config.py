@@ -78,7 +78,7 @@ class ScheduleConfig(BaseModel):
     )
     kv_head_major: bool = Field(
         False,
-        description="Store each KV cache head-major (Buffer.kv_head): a KV head's rows back to back, so that "
+        description="Store each KV cache head-major (meta['vm']['kv_head'], vm/kv_layout.py): a KV head's rows back to back, so that "
         "an attention split reads one contiguous run instead of head_dim elements from every row of "
         "the cache. Regions and results unchanged. A stand-alone read of the 1B's K at ctx 8192 on an "
         "H200 took 3.53 us instead of 5.90 with 16 KB a SM in flight, but the megakernel measured no gain "

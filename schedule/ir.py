@@ -214,10 +214,6 @@ class Buffer(_Frozen):
     scale: Optional[int] = None
     zero: Optional[int] = None
     group: Optional[int] = None
-    # KV_CACHE only, how the VM stores it (the IR's regions stay [capacity, width], logical): 0 as
-    # rows of width elements; h > 0 head-major, each h columns (a KV head) a [capacity, h] block of
-    # their own, so that a head's rows are contiguous (vm/kv_layout.py; eval/PERF_NOTES.md item 221)
-    kv_head: int = 0
 
     @property
     def numel(self) -> int:

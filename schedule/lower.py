@@ -591,9 +591,8 @@ class _Lowering:
 
         for i in range(L):
             p, t = f"model.layers.{i}.", f"layers.{i}"
-            layout = {"kv_head": d} if cfg.kv_head_major else {}
-            kc = self.buf(f"{t}.k_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD], **layout)
-            vc = self.buf(f"{t}.v_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD], **layout)
+            kc = self.buf(f"{t}.k_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
+            vc = self.buf(f"{t}.v_cache", BufferKind.KV_CACHE, self.dtype, [self.kv_capacity, KD])
             a = p + "self_attn."
             wq, wk, wv = self.linear(a + "q_proj.weight", QD, H), self.linear(a + "k_proj.weight", KD, H), \
                 self.linear(a + "v_proj.weight", KD, H)
@@ -798,7 +797,9 @@ class _Lowering:
             "vm": {"prefetch_depth": self.prefetch_depth(), "prefetch_kb": cfg.prefetch_kb,
                    "prefetch_min_kb": cfg.prefetch_min_kb, "gemv_unroll": cfg.gemv_unroll,
                    "gemv_unroll_quant": cfg.gemv_unroll_quant, "poll_cap_ns": self.poll_cap_ns(),
-                   "gemv_loads_ahead": self.gemv_loads_ahead()},
+                   "gemv_loads_ahead": self.gemv_loads_ahead(),
+                   # head-major KV caches (vm/kv_layout.py): absent, row-major, as before the knob
+                   **({"kv_head": self.spec.head_dim} if cfg.kv_head_major else {})},
         }
         if self.permuted:
             meta[rope_rows.META_KEY] = {"rows": self.rope_rows, "head_dim": self.spec.head_dim, "permuted": self.permuted}

@@ -749,35 +749,39 @@ def test_head_major_kv_layout_round_trip_and_refusals():
     """vm/kv_layout.py (eval/PERF_NOTES.md item 221): a head-major cache's storage read back as the
     IR's rows is a bijection (a head's rows contiguous), and the loader refuses what the kernel
     cannot store: a kv_head that is not a power of two dividing the width, or an attention partial
-    whose head straddles two blocks."""
+    whose head straddles two blocks. The layout is a VM knob in meta, which the program's hash covers."""
     import torch
 
     from amk.schedule.ir import Buffer, BufferKind, DType
-    from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical, kv_rows_view
+    from amk.schedule.validate import program_hash
+    from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical, kv_rows_view, program_kv_head
     from vm_cases import lowered
 
-    cache = Buffer(id=0, name="k", kind=BufferKind.KV_CACHE, dtype=DType.F32, shape=(5, 12), kv_head=4)
+    cache = Buffer(id=0, name="k", kind=BufferKind.KV_CACHE, dtype=DType.F32, shape=(5, 12))
     storage = torch.arange(60, dtype=torch.float32)
-    rows = kv_logical(cache, storage).view(5, 12)
+    rows = kv_logical(cache, storage, 4).view(5, 12)
     assert torch.equal(rows[2, 4:8], storage[(1 * 5 + 2) * 4:(1 * 5 + 2) * 4 + 4])  # head 1, row 2
     assert sorted(rows.reshape(-1).tolist()) == storage.tolist()
-    view = kv_rows_view(cache, storage.clone())
+    view = kv_rows_view(cache, storage.clone(), 4)
     view[3] = -1.0  # the view writes the IR's row 3 in every head's block
-    assert (kv_logical(cache, view.permute(1, 0, 2).reshape(-1)).view(5, 12)[3] == -1).all()
-    assert torch.equal(kv_logical(cache.model_copy(update={"kv_head": 0}), storage), storage)
+    assert (kv_logical(cache, view.permute(1, 0, 2).reshape(-1), 4).view(5, 12)[3] == -1).all()
+    assert torch.equal(kv_logical(cache, storage, 0), storage)
     for bad in (3, 8, -4):
         with pytest.raises(KvLayoutError, match="power of two"):
-            check_kv_layout(cache.model_copy(update={"kv_head": bad}))
+            check_kv_layout(cache, bad)
     with pytest.raises(KvLayoutError, match="KV caches only"):
-        check_kv_layout(cache.model_copy(update={"kind": BufferKind.ACTIVATION}))
+        check_kv_layout(cache.model_copy(update={"kind": BufferKind.ACTIVATION}), 4)
 
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", kv_head_major=True)
+    row_major = lowered("llama-gqa-tied", dtype="bfloat16")[0]
+    assert (program_kv_head(prog), program_kv_head(row_major)) == (64, 0)
+    assert program_hash(prog) != program_hash(row_major.model_copy(update={"meta": {**row_major.meta,
+                                                                                    "config": prog.meta["config"]}}))
     assert loader.knob_defines(prog)["AMK_KV_HEAD_MAJOR"] == 1
-    assert "AMK_KV_HEAD_MAJOR" not in loader.knob_defines(lowered("llama-gqa-tied", dtype="bfloat16")[0])
+    assert "AMK_KV_HEAD_MAJOR" not in loader.knob_defines(row_major)
     with pytest.raises(loader.VMRefused, match="AMK_KV_HEAD_MAJOR=0"):
         loader.build_defines(prog, experiments={"AMK_KV_HEAD_MAJOR": 0})
-    for h in (128, 32):  # both heads in one block; half a head a block
-        other = prog.model_copy(update={"buffers": [b.model_copy(update={"kv_head": h}) if b.kv_head else b
-                                                    for b in prog.buffers]})
-        with pytest.raises(loader.VMRefused, match="one whole block"):
+    for h, why in ((128, "one whole block"), (32, "one whole block"), (48, "power of two")):
+        other = prog.model_copy(update={"meta": {**prog.meta, "vm": {**prog.meta["vm"], "kv_head": h}}})
+        with pytest.raises(loader.VMRefused, match=why):  # both heads in a block; half a head; not a power of 2
             loader.PackedProgram(other)

@@ -17,6 +17,7 @@ from amk.schedule.ir import BufferKind, DType, Epilogue, Op, Scope
 from amk.schedule.targets import get_target
 from amk.vm.loader import (PackedProgram, VMError, VMHangError, epilogue_staged_words, gemv_vec_rows, gemv_whole_vecs,
                            knob_defines)
+from amk.vm.kv_layout import program_kv_head
 from amk.vm.reference import ReferenceVM
 from emu_vm import EmuVM, build, compiler
 from programs import GemvCase, attention_program, gemv_program, lm_head_program, tiny_model_program
@@ -233,7 +234,7 @@ def test_lowered_model_with_head_major_kv_caches(emu, dtype, cfg):
     storage is head-major: a head's rows back to back."""
     prog, t = lowered("llama-gqa-tied", dtype=dtype, max_queues=4, threads_per_block=64, kv_head_major=True, **cfg)
     caches = [b for b in prog.buffers if b.kind == BufferKind.KV_CACHE]
-    assert caches and all(b.kv_head == 64 and b.shape[1] == 128 for b in caches)
+    assert caches and program_kv_head(prog) == 64 and all(b.shape[1] == 128 for b in caches)
     steps = [(tok, pos) for pos, tok in enumerate(PROMPT[:3])]
     ref, vm = run_both(emu, prog, t, steps)
     for b in caches:

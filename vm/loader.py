@@ -53,7 +53,7 @@ from amk.schedule.config import VM_POLL_CAP_NS
 from amk.schedule.opspec import gemv_rows_width, output_roles, weight_input_roles
 from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
-from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical
+from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical, program_kv_head, stored_kv_head
 from amk.vm.progress import StepProgress
 
 from amk.errors import AmkError
@@ -348,26 +348,29 @@ class PackedProgram:
         for i, b in enumerate(self.program.buffers):
             width = b.shape[-1] if b.shape else 1
             table[i] = (pointers[b.id], b.numel, width, b.numel // max(width, 1), int(b.dtype), int(b.kind),
-                        b.group or 0, b.kv_head)
+                        b.group or 0, stored_kv_head(self.program, b))
         return table
 
 
 def _check_kv_layouts(program: Program) -> None:
-    """Refuse head-major KV caches (Buffer.kv_head) the kernel cannot read: a kv_head that is not a
-    power of two dividing the cache's width, or an attention partial's head that is not one whole block (the
-    partial streams a head's rows as one run of kv_head elements a row; appends map each element)."""
+    """Refuse head-major KV caches (meta['vm']['kv_head'], vm/kv_layout.py) the kernel cannot read: a
+    kv_head that is not a power of two dividing a cache's width, or an attention partial's head that is
+    not one whole block (the partial streams a head's rows as one run of kv_head elements a row;
+    appends map each element)."""
+    h = program_kv_head(program)
+    if h == 0:
+        return
     by_id = {b.id: b for b in program.buffers}
     for b in program.buffers:
         try:
-            check_kv_layout(b)
+            check_kv_layout(b, stored_kv_head(program, b))
         except KvLayoutError as e:
             raise VMRefused(str(e)) from None
     for t in program.tasks:
         if t.params.op != Op.ATTN_PARTIAL:
             continue
         for o in t.inputs[1:3]:  # k, v (opspec: q, k, v, pos)
-            h = by_id[o.buf].kv_head
-            if h and (o.off % h or o.len != h):
+            if o.off % h or o.len != h:
                 raise VMRefused(f"task {t.id} {t.name!r}: reads columns [{o.off}, {o.off + o.len}) of head-major "
                                 f"{by_id[o.buf].name} (kv_head {h}): a partial's head must be one whole block")
 
@@ -582,7 +585,7 @@ def knob_defines(program: Program) -> dict[str, int]:
     the attention combine prologue, AMK_GEMV_PARTIALS 1 where one reads x or its residual with
     split-K partials, AMK_GEMV_ARGMAX 1 where one writes an argmax pair (the LM head's,
     ScheduleConfig.fuse_argmax), AMK_GEMV_I8_ZERO 1 where an I8 weight has a zero (its term
-    in the rows), AMK_KV_HEAD_MAJOR 1 where a KV cache is stored head-major (Buffer.kv_head), which
+    in the rows), AMK_KV_HEAD_MAJOR 1 where the KV caches are stored head-major (meta's kv_head), which
     no build compiles unless asked (common.cuh, gemv.cuh), and AMK_QCOMP_DTYPE where every scale
     and zero has one dtype (gemv.cuh AmkQRow)."""
     vm_meta = _vm_meta(program)
@@ -608,7 +611,7 @@ def knob_defines(program: Program) -> dict[str, int]:
         out["AMK_GEMV_ARGMAX"] = 1
     if _has_i8_zeros(program):
         out["AMK_GEMV_I8_ZERO"] = 1
-    if any(b.kv_head for b in program.buffers):
+    if program_kv_head(program):
         out["AMK_KV_HEAD_MAJOR"] = 1
     qcomp = companion_dtype(program)
     if qcomp is not None:
@@ -798,7 +801,8 @@ class CudaVM:
     def read_buffer(self, name: str) -> torch.Tensor:
         """A buffer's current contents (flat, its dtype; U4 packed; a KV cache as the IR's rows,
         whatever its layout), for inspection."""
-        return kv_logical(self._by_name[name], self.tensors[name]).clone()
+        b = self._by_name[name]
+        return kv_logical(b, self.tensors[name], stored_kv_head(self.program, b)).clone()
 
     def close(self) -> None:
         ptr, self._abort_ptr = getattr(self, "_abort_ptr", 0), 0

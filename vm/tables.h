@@ -154,7 +154,7 @@ struct AmkBuffer {
   int dtype;      // AmkDType
   int kind;       // AmkBufferKind
   int group;      // quantization group (0 if none)
-  int kv_head;    // a KV cache's layout: 0 rows of width; h > 0 head-major blocks [rows, h] (ir.Buffer.kv_head)
+  int kv_head;    // a KV cache's layout: 0 rows of width; h > 0 head-major blocks [rows, h] (vm/kv_layout.py)
 };
 
 // The buffer descriptors of one task, by operand slot (in[0..n_in) then out[..]): the
