@@ -20,7 +20,7 @@ import torch
 
 from amk.schedule.ir import IMMUTABLE_KINDS, BufferKind, DType, Program
 from amk.vm.build import kernel_sources, source_dirs
-from amk.vm.kv_layout import kv_logical, stored_kv_head
+from amk.vm.kv_layout import read_as_rows
 from amk.vm.loader import (ERRORS, HANG_ERRORS, POISON, STATUS_WORDS, TORCH_DTYPE, PackedProgram, VMError, VMHangError,
                            experiment_defines)
 
@@ -111,8 +111,7 @@ class EmuVM:
         self.epoch = 1
 
     def read_buffer(self, name: str) -> torch.Tensor:
-        b = self._by_name[name]  # a KV cache as the IR's rows
-        return kv_logical(b, self.tensors[name], stored_kv_head(self.program, b)).clone()
+        return read_as_rows(self.program, self._by_name[name], self.tensors[name])  # a KV cache as the IR's rows
 
     def run_step(self, token: int, pos: int) -> dict[str, torch.Tensor]:
         for b in self.program.buffers:

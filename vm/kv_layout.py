@@ -52,3 +52,8 @@ def kv_logical(buf: Buffer, flat: torch.Tensor, h: int) -> torch.Tensor:
     if h == 0:
         return flat
     return kv_rows_view(buf, flat, h).reshape(-1)
+
+
+def read_as_rows(program: Program, buf: Buffer, flat: torch.Tensor) -> torch.Tensor:
+    """A VM's copy of `buf`'s storage as the IR sees it (read_buffer of the CUDA and emulated VMs)."""
+    return kv_logical(buf, flat, stored_kv_head(program, buf)).clone()

@@ -53,7 +53,7 @@ from amk.schedule.config import VM_POLL_CAP_NS
 from amk.schedule.opspec import gemv_rows_width, output_roles, weight_input_roles
 from amk.schedule.placement import weight_bytes
 from amk.vm.bindings import TORCH_DTYPE, bound_tensor_mismatch
-from amk.vm.kv_layout import KvLayoutError, check_kv_layout, kv_logical, program_kv_head, stored_kv_head
+from amk.vm.kv_layout import KvLayoutError, check_kv_layout, program_kv_head, read_as_rows, stored_kv_head
 from amk.vm.progress import StepProgress
 
 from amk.errors import AmkError
@@ -362,10 +362,11 @@ def _check_kv_layouts(program: Program) -> None:
         return
     by_id = {b.id: b for b in program.buffers}
     for b in program.buffers:
-        try:
-            check_kv_layout(b, stored_kv_head(program, b))
-        except KvLayoutError as e:
-            raise VMRefused(str(e)) from None
+        if b.kind == BufferKind.KV_CACHE:
+            try:
+                check_kv_layout(b, h)
+            except KvLayoutError as e:
+                raise VMRefused(str(e)) from None
     for t in program.tasks:
         if t.params.op != Op.ATTN_PARTIAL:
             continue
@@ -801,8 +802,7 @@ class CudaVM:
     def read_buffer(self, name: str) -> torch.Tensor:
         """A buffer's current contents (flat, its dtype; U4 packed; a KV cache as the IR's rows,
         whatever its layout), for inspection."""
-        b = self._by_name[name]
-        return kv_logical(b, self.tensors[name], stored_kv_head(self.program, b)).clone()
+        return read_as_rows(self.program, self._by_name[name], self.tensors[name])
 
     def close(self) -> None:
         ptr, self._abort_ptr = getattr(self, "_abort_ptr", 0), 0
