@@ -133,10 +133,18 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
 // start, beside the (m, l) pairs, so that their L2 round trip (the partials were just written by
 // other SMs) overlaps the staging's and the weights' instead of following them. The sum is the
 // same, in split order. Measured (eval/PERF_NOTES.md item 131, paired): SmolLM2 shape -1.3 %,
-// 1B -1.5 %. On by default in builds without quantized weights; the int8 and int4 builds spill
-// with it (24 / 44 and 64 / 124 B on sm_90, item 126), so they keep the loop that loads after.
+// 1B -1.5 %. The int4 builds spill with it (sm_90 int4_ahead 68 / 132 B), so they keep the loop
+// that loads after. The int8 builds spilled with it too in session 40 (item 126) but no longer do;
+// on an H200 (item 224) the int8 SmolLM2 shape (the plain loop) measured -0.96 % with it and the
+// int8 1B (the loads-ahead loop, set by the loader's -D) +0.23 %, so int8 builds of the
+// loads-ahead loop keep it off, as do the asymmetric int8 builds (sm_90 spills 4 / 4 B).
 #ifndef AMK_COMBINE_EARLY
-#define AMK_COMBINE_EARLY (((AMK_GEMV_WDTYPES) & 0x30) == 0)  // 0x30: I8, U4
+#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 || \
+    (((AMK_GEMV_WDTYPES) & 0x10) != 0 && ((defined(AMK_GEMV_LOADS_AHEAD) && AMK_GEMV_LOADS_AHEAD) || AMK_GEMV_I8_ZERO))
+#define AMK_COMBINE_EARLY 0  // (AMK_GEMV_LOADS_AHEAD is defined here only by a -D: gemv.cuh's default comes later)
+#else
+#define AMK_COMBINE_EARLY 1
+#endif
 #endif
 struct AmkCombineHeld {
   float v[AMK_SPLIT_SUM_UNROLL];

@@ -11,12 +11,11 @@
 // The head's frequencies are inv_freq[f0 : f0 + hd/2) (a GEMV epilogue's head h: f0 = h * hd/2;
 // the standalone ROPE op shares f0 = 0); freq_s: inv_freq already in shared memory (the GEMV
 // prologue staged it), or nullptr.
-// AMK_ROPE_SINCOS (experiment, off): cos and sin by one sincosf (one range reduction, one slow path
-// in the code) instead of cosf and sinf. AMK_DIAG_ROPE_TRIG (diagnostic, off): the fast intrinsics, to
-// see in a trace what the trigonometry costs the q and k tasks' epilogues (eval/PERF_NOTES.md item 225).
-#ifndef AMK_ROPE_SINCOS
-#define AMK_ROPE_SINCOS 0
-#endif
+// cos and sin come from one sincosf: one range reduction and one copy of its slow path in the code
+// instead of cosf's and sinf's. The same bits (on an H200, 0 of 41.9 M RoPE and random angles
+// differ); SmolLM2 shape -0.48 %, 1B -0.41 % (eval/PERF_NOTES.md item 225). AMK_DIAG_ROPE_TRIG
+// (diagnostic, off; traces only, other numerics): the fast intrinsics, which took the q and k tasks'
+// epilogue from 1.84 to 1.67 us in the SmolLM2 shape's trace (sincosf: 1.76).
 #ifndef AMK_DIAG_ROPE_TRIG
 #define AMK_DIAG_ROPE_TRIG 0
 #endif
@@ -29,14 +28,12 @@ AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, 
   const int dt = yb.dtype;
   for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
     const float ang = amk_mul(p, freq_s ? freq_s[f0 + i] : amk_load(fb, amk_flat(inv_freq, f0 + i)));
-#if AMK_DIAG_ROPE_TRIG  // diagnostic (traces only: other numerics): the fast intrinsics' few instructions
+#if AMK_DIAG_ROPE_TRIG
     const float cs = amk_round(dt, __cosf(ang)), sn = amk_round(dt, __sinf(ang));
-#elif AMK_ROPE_SINCOS
+#else
     float sn_f, cs_f;
     amk_sincos(ang, &sn_f, &cs_f);
     const float cs = amk_round(dt, cs_f), sn = amk_round(dt, sn_f);
-#else
-    const float cs = amk_round(dt, amk_cos(ang)), sn = amk_round(dt, amk_sin(ang));
 #endif
     const float x1 = h[i], x2 = h[i + half];
     amk_store(yb, amk_out_index(y, yb, pos, e0 + i),

@@ -7,6 +7,8 @@ packing without a GPU; the GPU tests (test_vm_gpu.py) check the real thing."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import time
 import zlib
 
@@ -390,6 +392,32 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
         assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
         assert torch.equal(a["next_token"], b["next_token"])
+
+
+def test_combine_early_default_per_build(monkeypatch):
+    """Which loader builds hold the combine's splits early by default (instructions/combine.cuh;
+    eval/PERF_NOTES.md items 126, 131 and 224): float-weight builds and symmetric int8 builds of the
+    plain GEMV loop; not int4, int8 of the loads-ahead loop, asymmetric int8 or the every-dtype
+    build. Read from the preprocessor (the emulator's compiler, the compile checks' build defines),
+    so the GPU's same-bits test of the int8 build compares a build that has it."""
+    from amk.vm.compile_check import SPECIALIZED
+    from emu_vm import EMU_DIR, emu_flags
+    from amk.vm.build import source_dirs
+
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    vm_dir, ins_dir = source_dirs()
+
+    def early(defines):
+        flags = [f for f in emu_flags(defines) if not f.startswith("-O")]
+        out = subprocess.run([compiler(), *flags, "-E", "-dM", f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}",
+                              str(EMU_DIR / "emu_launch.cpp")], check=True, capture_output=True, text=True).stdout
+        found = re.search(r"^#define AMK_COMBINE_EARLY (\d)$", out, re.M)
+        assert found, "AMK_COMBINE_EARLY is not defined as 0 or 1"
+        return int(found.group(1))
+
+    got = {name: early(SPECIALIZED.get(name, {})) for name in ("generic", *SPECIALIZED)}
+    assert got == {"generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 0, "bf16_ahead": 1, "int8_ahead": 0,
+                   "int4_ahead": 0, "bf16_oslices": 1, "bf16_fargmax": 1}
 
 
 def run_where_the_mirror_says(emu, name: str, needs) -> tuple:

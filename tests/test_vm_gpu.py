@@ -208,18 +208,21 @@ def test_device_memory_accounts_for_every_buffer():
 
 # VM defines that change how the scheduler loop or an op computes, never what: a build with each
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
-# builds, against its off; eval/PERF_NOTES.md items 126 and 131)
+# builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
+# items 126, 131 and 224)
 SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0"]
 
 
 @pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
+@pytest.mark.parametrize("quant", [None, "int8"])
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
-def test_same_bits_defines(monkeypatch, model, defines):
-    """A bf16 model (its specialized build, as benches run it) over 40 steps, each a launch,
-    with 4 attention splits of 8-position blocks (3 of them hold rows by the end, so the
-    combine sums real splits): logits bit-identical with and without the define, and
-    within tolerance of the ReferenceVM in fp32 (so both builds are right, not only alike)."""
-    cfg = dict(kv_splits=4, kv_block=8)
+def test_same_bits_defines(monkeypatch, model, quant, defines):
+    """A bf16 model (its specialized build, as benches run it; float or int8 weights) over 40
+    steps, each a launch, with 4 attention splits of 8-position blocks (3 of them hold rows by
+    the end, so the combine sums real splits): logits bit-identical with and without the
+    define, and within tolerance of the ReferenceVM in fp32 (so both builds are right, not only
+    alike)."""
+    cfg = dict(kv_splits=4, kv_block=8, **({"quant": quant} if quant else {}))
     prog, t = lowered(model, dtype="bfloat16", **cfg)
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     base = cuda_vm(prog, t, specialize=True)

@@ -24,10 +24,8 @@
 #include "tables.h"
 
 // ---------------------------------------------------------------- the same on every vendor
-// exp/cos/sin are the libm-accurate ones (not the fast intrinsics); -inf and a quiet NaN by bits.
+// exp and sincos are the libm-accurate ones (not the fast intrinsics); -inf and a quiet NaN by bits.
 AMK_DEVICE float amk_exp(float a) { return expf(a); }
-AMK_DEVICE float amk_cos(float a) { return cosf(a); }
-AMK_DEVICE float amk_sin(float a) { return sinf(a); }
 AMK_DEVICE void amk_sincos(float a, float* s, float* c) { sincosf(a, s, c); }  // one range reduction for both
 AMK_DEVICE bool amk_isnan(float a) { return a != a; }
 AMK_DEVICE float amk_neg_inf() { return __int_as_float((int)0xff800000u); }
