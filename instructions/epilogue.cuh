@@ -78,14 +78,6 @@ AMK_DEVICE void amk_epilogue_pair(const AmkCtx& c, const float* acc, int rows, i
   }
 }
 
-// AMK_ROPE_FLAT (experiment, off; eval/PERF_NOTES.md item 226): the ROPE epilogues without a head
-// norm as one loop of rotated pairs over the block's threads, instead of a warp a head (a lowered
-// Llama's q / k tasks have 8-row heads: 4 lanes of one warp a head, a warp barrier between the
-// rounding and the rotation). The same values, rounded and rotated by the same helper.
-#ifndef AMK_ROPE_FLAT
-#define AMK_ROPE_FLAT 0
-#endif
-
 // acc: rows*m fp32 accumulators in shared memory (element (r, j) at r*m + j, j=0 gate or
 // plain, j=1 up), written by this block and complete (a barrier precedes the call).
 // staged: the operands amk_epi_stage_of names, in shared memory, or nullptr (read them here).
@@ -156,23 +148,6 @@ AMK_DEVICE void amk_epilogue(const AmkCtx& c, float* acc, int rows, const float*
         return;
       }
       const bool head_norm = AMK_EPI_HEAD_NORM && t.ip[AMK_P_HAS_HEAD_NORM] != 0;
-#if AMK_ROPE_FLAT
-      if (!head_norm) {  // a thread a rotated pair (its head's pair q - h * half, frequency q)
-        const int half = hd / 2, lg = (half & (half - 1)) == 0 ? amk_log2_pow2(half) : -1;
-        const float p = (float)pos;
-        const float* freq_s = staged ? staged + es.n_res + es.n_bias : nullptr;
-        const AmkOperand& inv_freq = amk_in(c, AMK_ROLE_INV_FREQ);
-        for (int q = threadIdx.x; q < rows / 2; q += blockDim.x) {
-          const int h = lg >= 0 ? q >> lg : q / half, i = q - h * half;
-          float* head = acc + h * hd;
-          float a1 = head[i], a2 = head[i + half];
-          if (bias) a1 = amk_add(a1, bias_at((amk_i64)h * hd + i)), a2 = amk_add(a2, bias_at((amk_i64)h * hd + i + half));
-          head[i] = amk_round(dt, a1), head[i + half] = amk_round(dt, a2);  // (this thread's own words)
-          amk_rope_pair(yb, dt, y, pos, p, freq_s ? freq_s[q] : amk_load(amk_buf(c, inv_freq), amk_flat(inv_freq, q)),
-                        head, i, half, (amk_i64)h * hd);
-        }
-      } else  // with a head norm: the warp loop below
-#endif
       for (int h = amk_warp(); h < heads; h += amk_nwarps()) {
         float* head = acc + h * hd;
         for (int i = amk_lane(); i < hd; i += AMK_WARP_SIZE) {

@@ -19,26 +19,6 @@
 #ifndef AMK_DIAG_ROPE_TRIG
 #define AMK_DIAG_ROPE_TRIG 0
 #endif
-// One rotated pair of a head h (shared memory): h[i] and h[i + half], stored to elements e0 + i and
-// e0 + i + half of y, at frequency freq (p: the position as a float). h's values are read after
-// the trigonometry, as the warp loop always read them. dt: yb's dtype, read once by the caller.
-AMK_DEVICE void amk_rope_pair(const AmkBuffer& yb, int dt, const AmkOperand& y, int pos, float p, float freq,
-                              const float* h, int i, int half, amk_i64 e0) {
-  const float ang = amk_mul(p, freq);
-#if AMK_DIAG_ROPE_TRIG
-  const float cs = amk_round(dt, __cosf(ang)), sn = amk_round(dt, __sinf(ang));
-#else
-  float sn_f, cs_f;
-  amk_sincos(ang, &sn_f, &cs_f);
-  const float cs = amk_round(dt, cs_f), sn = amk_round(dt, sn_f);
-#endif
-  const float x1 = h[i], x2 = h[i + half];
-  amk_store(yb, amk_out_index(y, yb, pos, e0 + i),
-            amk_sub(amk_round(dt, amk_mul(x1, cs)), amk_round(dt, amk_mul(x2, sn))));
-  amk_store(yb, amk_out_index(y, yb, pos, e0 + i + half),
-            amk_add(amk_round(dt, amk_mul(x2, cs)), amk_round(dt, amk_mul(x1, sn))));
-}
-
 AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, const AmkOperand& inv_freq,
                               const float* freq_s, int f0, const AmkOperand& y, amk_i64 e0) {
   const AmkBuffer& fb = amk_buf(c, inv_freq);
@@ -46,8 +26,21 @@ AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, 
   const int half = hd / 2;
   const float p = (float)pos;
   const int dt = yb.dtype;
-  for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE)
-    amk_rope_pair(yb, dt, y, pos, p, freq_s ? freq_s[f0 + i] : amk_load(fb, amk_flat(inv_freq, f0 + i)), h, i, half, e0);
+  for (int i = amk_lane(); i < half; i += AMK_WARP_SIZE) {
+    const float ang = amk_mul(p, freq_s ? freq_s[f0 + i] : amk_load(fb, amk_flat(inv_freq, f0 + i)));
+#if AMK_DIAG_ROPE_TRIG
+    const float cs = amk_round(dt, __cosf(ang)), sn = amk_round(dt, __sinf(ang));
+#else
+    float sn_f, cs_f;
+    amk_sincos(ang, &sn_f, &cs_f);
+    const float cs = amk_round(dt, cs_f), sn = amk_round(dt, sn_f);
+#endif
+    const float x1 = h[i], x2 = h[i + half];
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i),
+              amk_sub(amk_round(dt, amk_mul(x1, cs)), amk_round(dt, amk_mul(x2, sn))));
+    amk_store(yb, amk_out_index(y, yb, pos, e0 + i + half),
+              amk_add(amk_round(dt, amk_mul(x2, cs)), amk_round(dt, amk_mul(x1, sn))));
+  }
 }
 
 AMK_DEVICE long long amk_smem_heads(const AmkTask& t) {
