@@ -4,21 +4,23 @@
 #include "common.cuh"
 #include "vec.cuh"
 
+// AMK_DIAG_ROPE_TRIG (diagnostic, off; traces only, other numerics): cos and sin by the fast
+// intrinsics, which took the q and k tasks' epilogue from 1.84 to 1.67 us in the SmolLM2 shape's
+// trace (sincosf: 1.76; eval/PERF_NOTES.md item 225).
+#ifndef AMK_DIAG_ROPE_TRIG
+#define AMK_DIAG_ROPE_TRIG 0
+#endif
+
 // One warp rotates a head h[0:hd) (shared memory) and stores it to elements
 // e0 .. e0+hd of output operand y (flat, or KV row pos for kv == APPEND):
 //   y[i] = h[i] cos - h[i+d/2] sin,  y[i+d/2] = h[i+d/2] cos + h[i] sin,  angle = pos * inv_freq[i],
 // cos, sin and each product rounded to y's dtype (HF's half-precision RoPE; F32: no-ops).
+// cos and sin come from one sincosf (one range reduction, one copy of its slow path in the code):
+// the bits of cosf and sinf (`python -m amk.eval.trig_bits`: 0 of 31.4 M angles differ on the H100
+// and the H200), SmolLM2 shape -0.48 %, 1B -0.41 % on the H200 (items 68 and 225).
 // The head's frequencies are inv_freq[f0 : f0 + hd/2) (a GEMV epilogue's head h: f0 = h * hd/2;
 // the standalone ROPE op shares f0 = 0); freq_s: inv_freq already in shared memory (the GEMV
 // prologue staged it), or nullptr.
-// cos and sin come from one sincosf: one range reduction and one copy of its slow path in the code
-// instead of cosf's and sinf's. The same bits (on an H200, 0 of 41.9 M RoPE and random angles
-// differ); SmolLM2 shape -0.48 %, 1B -0.41 % (eval/PERF_NOTES.md item 225). AMK_DIAG_ROPE_TRIG
-// (diagnostic, off; traces only, other numerics): the fast intrinsics, which took the q and k tasks'
-// epilogue from 1.84 to 1.67 us in the SmolLM2 shape's trace (sincosf: 1.76).
-#ifndef AMK_DIAG_ROPE_TRIG
-#define AMK_DIAG_ROPE_TRIG 0
-#endif
 AMK_DEVICE void amk_warp_rope(const AmkCtx& c, const float* h, int hd, int pos, const AmkOperand& inv_freq,
                               const float* freq_s, int f0, const AmkOperand& y, amk_i64 e0) {
   const AmkBuffer& fb = amk_buf(c, inv_freq);
