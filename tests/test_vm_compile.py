@@ -214,6 +214,8 @@ def test_loops_are_the_innermost_with_their_16_byte_loads():
         "        /*0010*/                   LDG.E.NA.128.CONSTANT R40, desc[UR12][R90.64] ;",
         "        /*0020*/              @!P1 LDG.E.NA.128.CONSTANT R44, desc[UR12][R88.64] ;",
         "        /*0030*/                   LDG.E R5, desc[UR12][R6.64] ;",  # not a 16-byte load
+        "        /*0038*/                   LD.E.128 R48, desc[UR12][R86.64] ;",  # a generic one (amk_ld16)
+        "        /*003c*/                   LDS.128 R52, [R84] ;",  # shared memory: not one
         "        /*0040*/                   HMMA.16816.F32 R8, R12, R16, R8 ;",
         "        /*0050*/                   HMMA.16816.F32 R8, R12, R18, R8 ;",
         "        /*0060*/               @P0 BRA `(.L_x_2) ;",
@@ -224,9 +226,9 @@ def test_loops_are_the_innermost_with_their_16_byte_loads():
         "        /*00a0*/                   EXIT ;",
     ])
     (lp,) = compile_check.loops(disasm)
-    assert lp["label"] == ".L_x_2" and lp["instructions"] == 6 and lp["loads16"] == 2
-    assert lp["mix"] == {"HMMA": 2, "LDG128": 2, "BRA": 1, "LDG": 1}
-    assert compile_check.loops(disasm, min_instructions=7) == []
+    assert lp["label"] == ".L_x_2" and lp["instructions"] == 8 and lp["loads16"] == 3
+    assert lp["mix"] == {"HMMA": 2, "LDG128": 2, "BRA": 1, "LD128": 1, "LDG": 1, "LDS": 1}
+    assert compile_check.loops(disasm, min_instructions=9) == []
 
 
 def test_knob_defines_follow_the_program():

@@ -259,8 +259,10 @@ _SASS_BRANCH = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")
 
 def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
     """The innermost loops of a disassembly (a label and a later branch back to it, holding no
-    other such loop): their instructions, 16-byte global loads (LDG ... .128) and opcode mix,
-    largest first. A hot loop's instructions over its loads' bytes is what it issues per byte
+    other such loop): their instructions, 16-byte global loads and opcode mix, largest first.
+    The loads are LDG ... .128 (the weights' `ld.global.nc`) and generic LD ... .128 (`amk_ld16`:
+    the KV rows, partials and activations, all global memory in this kernel), counted in the mix as
+    LDG128 and LD128. A hot loop's instructions over its loads' bytes is what it issues per byte
     streamed."""
     ops: list[str] = []
     labels: dict[str, int] = {}
@@ -274,7 +276,7 @@ def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
         if not m:
             continue
         op = m.group(1)
-        ops.append(op if "LDG" not in line else ("LDG128" if ".128" in line else "LDG"))
+        ops.append(op + "128" if op in ("LDG", "LD") and ".128" in line else op)
         b = _SASS_BRANCH.search(line)
         if b and b.group(1) in labels:
             found.append((labels[b.group(1)], len(ops), b.group(1)))
@@ -284,7 +286,7 @@ def loops(disasm: str, min_instructions: int = 1) -> list[dict]:
     for a, e, lab in inner:
         body = ops[a:e]
         mix = Counter(body)
-        out.append({"label": lab, "instructions": len(body), "loads16": mix["LDG128"],
+        out.append({"label": lab, "instructions": len(body), "loads16": mix["LDG128"] + mix["LD128"],
                     "mix": dict(sorted(mix.items(), key=lambda kv: (-kv[1], kv[0])))})
     return sorted(out, key=lambda d: -d["instructions"])
 
