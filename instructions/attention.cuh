@@ -495,7 +495,9 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   const int R = lr.R, grp = lr.grp, sub = lr.sub, hd = V.hd, step = nw * R;
   const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
 #if AMK_ATTN_PV_OFF32
-  const int upitch32 = (int)upitch;  // (a round's offsets, U * upitch, are far below 2^31 bytes)
+  const int uoff = (int)upitch;  // a round's row offsets, u * uoff: far below 2^31 bytes
+#else
+  const amk_i64 uoff = upitch;
 #endif
   const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
 #pragma unroll 1
@@ -512,11 +514,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
         const int jj = rw + u * step + grp;
 #pragma unroll
         for (int c = 0; c < NV; ++c)
-#if AMK_ATTN_PV_OFF32
-          raw[u][c] = jj < tn ? amk_ld16(row + (u * upitch32 + c * 16)) : amk_u32x4{0u, 0u, 0u, 0u};
-#else
-          raw[u][c] = jj < tn ? amk_ld16(row + u * upitch + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
-#endif
+          raw[u][c] = jj < tn ? amk_ld16(row + u * uoff + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
