@@ -443,13 +443,6 @@ AMK_DEVICE void amk_attn_pv_warps(float* o, const float* wpart, int hb, int qh, 
 #ifndef AMK_ATTN_PV_ROWS
 #define AMK_ATTN_PV_ROWS 8  // rows a lane has in flight per round of the wide P.V pass
 #endif
-// AMK_ATTN_PV_OFF32 (experiment, off; eval/PERF_NOTES.md item 227): a round's row offsets from its
-// first row as 32-bit products (u * step * pitch) where the 64-bit ones made ptxas rebuild each
-// row's address from the round's row index by 64-bit multiplies (~12 instructions a row, before
-// the loads: sm_90 bf16_ahead's P.V loop is 671 instructions for 8 loads).
-#ifndef AMK_ATTN_PV_OFF32
-#define AMK_ATTN_PV_OFF32 0
-#endif
 
 // The wide P.V pass's reduce-scatter over a warp's row groups, levels m = M, M / 2, ..., G:
 // lanes m apart swap halves of their first 2 * H values and the lane with bit m set keeps
@@ -494,11 +487,6 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
   const AmkLaneRows lr = amk_lane_rows<AMK_ATTN_SHIFTS>(G, lane);
   const int R = lr.R, grp = lr.grp, sub = lr.sub, hd = V.hd, step = nw * R;
   const amk_i64 pitch = V.width * 2, upitch = step * pitch;  // bytes from one row to the next; to row + step
-#if AMK_ATTN_PV_OFF32
-  const int uoff = (int)upitch;  // a round's row offsets, u * uoff: far below 2^31 bytes
-#else
-  const amk_i64 uoff = upitch;
-#endif
   const char* base = (const char*)V.b->ptr + (V.off + (amk_i64)(jt + grp) * V.width + (amk_i64)sub * D) * 2;
 #pragma unroll 1
   for (int hb = 0; hb < qh; hb += HB) {
@@ -514,7 +502,7 @@ AMK_DEVICE void amk_attn_pv_wide(const AmkKvRows& V, const float* p, int cap, in
         const int jj = rw + u * step + grp;
 #pragma unroll
         for (int c = 0; c < NV; ++c)
-          raw[u][c] = jj < tn ? amk_ld16(row + u * uoff + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
+          raw[u][c] = jj < tn ? amk_ld16(row + u * upitch + c * 16) : amk_u32x4{0u, 0u, 0u, 0u};
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
