@@ -241,19 +241,10 @@ AMK_DEVICE bool amk_gemv_vec_ok(const AmkGemvW& w, int K, AmkGroupOf& grp) {
 
 // Loads in flight per lane and matrix: a pair (gate/up) splits the budget between its two
 // matrices, which keeps the lane's bytes in flight and the registers of a single matrix.
-// AMK_GEMV_UNROLL_PAIR (experiment; 0 = half the budget): a pair's float loads per matrix. At 5
-// a SmolLM2 gate/up row (K = 576: 72 vectors) fits 16 lanes in one round, so a warp takes two
-// rows at once and a 12-row task is one round of loads where 32 lanes a row made it two
-// (eval/PERF_NOTES.md item 228).
-#ifndef AMK_GEMV_UNROLL_PAIR
-#define AMK_GEMV_UNROLL_PAIR 0
-#endif
 template <int DT, bool PAIR>
 struct AmkGemvUnroll {
   static constexpr int base = amk_quant_w<DT> ? AMK_GEMV_UNROLL_Q : AMK_GEMV_UNROLL;
-  static constexpr int value = !PAIR || base <= 1        ? base
-                               : AMK_GEMV_UNROLL_PAIR > 0 && !amk_quant_w<DT> ? AMK_GEMV_UNROLL_PAIR
-                                                                            : base / 2;
+  static constexpr int value = PAIR && base > 1 ? base / 2 : base;
 };
 
 // A row of scales (or zeros) in a float dtype, read as raw bits now and converted at use:

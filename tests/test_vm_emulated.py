@@ -117,18 +117,6 @@ def test_gemv_loads_ahead_for_multi_row_tasks(emu, monkeypatch, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
-@pytest.mark.parametrize("name", ["pair_72_vecs", "silu_mul", "tail_rows_pair"])
-def test_gemv_unroll_pair(emu, monkeypatch, name):
-    """AMK_GEMV_UNROLL_PAIR=5 (experiment, eval/PERF_NOTES.md item 228): a pair's float loads per
-    matrix, so that a bf16 row of 72 vectors takes 16 lanes (two rows a warp, pair_72_vecs) and
-    a row of 512 vectors two rounds of 32 lanes (tail_rows_pair): the ReferenceVM's results in
-    fp32 and bf16 weights."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_UNROLL_PAIR=5")
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
-    run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
-
-
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):

@@ -90,8 +90,6 @@ GEMV_CASES = {
     # items 101-102: the rows phase is the busiest warp's)
     "tail_rows_pair": GemvCase(rows=13, k=4096, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "tail_rows_add": GemvCase(rows=11, k=4096, epilogue=Epilogue.ADD, bias=True),
-    # a SmolLM2 gate/up task: 12 rows of 72 bf16 vectors (AMK_GEMV_UNROLL_PAIR=5: 16 lanes a row)
-    "pair_72_vecs": GemvCase(rows=12, k=576, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
     # groups of 64 (one a tensor-core pass, AMK_GEMV_I8_MMA) over split-K slices, rows not a multiple of 16
