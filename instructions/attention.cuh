@@ -262,10 +262,18 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 }
 
 // Heads a block of the wide score pass scores together: 4 (AMK_ATTN_HB) where only float
-// weights are compiled in; one in builds with quantized GEMV weights, whose rows take the
-// registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85).
+// weights are compiled in; fewer in builds with quantized GEMV weights, whose rows take the
+// registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85; int8
+// 1B +1.5 % on an H200, item 224). Two in symmetric int8 builds of the loads-ahead loop (the int8
+// 1B -0.46 % on an H200, item 230), one in the others (int8 SmolLM2 shape +2.6 % with 3, item 224).
 #ifndef AMK_ATTN_SCORE_HB
-#define AMK_ATTN_SCORE_HB (((AMK_GEMV_WDTYPES) & 0x30) != 0 ? 1 : AMK_ATTN_HB)  // 0x30: I8, U4
+#if ((AMK_GEMV_WDTYPES) & 0x30) == 0  // 0x30: I8, U4
+#define AMK_ATTN_SCORE_HB AMK_ATTN_HB
+#elif ((AMK_GEMV_WDTYPES) & 0x30) == 0x10 && AMK_GEMV_LOADS_AHEAD && !AMK_GEMV_I8_ZERO
+#define AMK_ATTN_SCORE_HB 2
+#else
+#define AMK_ATTN_SCORE_HB 1
+#endif
 #endif
 
 // amk_attn_scores for half-precision rows with a lane taking 4 contiguous vectors of a row

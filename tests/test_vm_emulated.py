@@ -394,30 +394,56 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         assert torch.equal(a["next_token"], b["next_token"])
 
 
+def build_macros(defines: dict, unforced: str = "") -> dict[str, str]:
+    """The macros the kernel sources define for a build's -D set, from the preprocessor (the
+    emulator's compiler): name -> its text. `unforced`: a macro the emulator's own flags set (e.g.
+    AMK_ATTN_SCORE_HB, to run the multi-head paths) left to the sources unless `defines` sets it."""
+    from emu_vm import EMU_DIR, emu_flags
+    from amk.vm.build import source_dirs
+
+    vm_dir, ins_dir = source_dirs()
+    forced = f"-D{unforced}=" if unforced and unforced not in defines else None
+    flags = [f for f in emu_flags(defines) if not f.startswith("-O") and not (forced and f.startswith(forced))]
+    out = subprocess.run([compiler(), *flags, "-E", "-dM", f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}",
+                          str(EMU_DIR / "emu_launch.cpp")], check=True, capture_output=True, text=True).stdout
+    return dict(re.findall(r"^#define (AMK_\w+) (.*)$", out, re.M))
+
+
+def build_defaults(name: str) -> dict:
+    """Per loader build (and the every-dtype one), the integer value of macro `name` as its
+    sources define it (one level of indirection resolved)."""
+    from amk.vm.compile_check import SPECIALIZED
+
+    def value(defines):
+        macros = build_macros(defines, unforced=name)
+        text = macros.get(name, "")
+        text = macros.get(text, text)
+        assert re.fullmatch(r"\d+", text), f"{name} is not an integer literal: {text!r}"
+        return int(text)
+
+    return {build: value(SPECIALIZED.get(build, {})) for build in ("generic", *SPECIALIZED)}
+
+
 def test_combine_early_default_per_build(monkeypatch):
     """Which loader builds hold the combine's splits early by default (instructions/combine.cuh;
     eval/PERF_NOTES.md items 126, 131 and 224): float-weight builds and symmetric int8 builds of the
     plain GEMV loop; not int4, int8 of the loads-ahead loop, asymmetric int8 or the every-dtype
     build. Read from the preprocessor (the emulator's compiler, the compile checks' build defines),
     so the GPU's same-bits test of the int8 build compares a build that has it."""
-    from amk.vm.compile_check import SPECIALIZED
-    from emu_vm import EMU_DIR, emu_flags
-    from amk.vm.build import source_dirs
-
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    vm_dir, ins_dir = source_dirs()
+    assert build_defaults("AMK_COMBINE_EARLY") == {
+        "generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 0, "bf16_ahead": 1, "int8_ahead": 0,
+        "int4_ahead": 0, "bf16_oslices": 1, "bf16_fargmax": 1}
 
-    def early(defines):
-        flags = [f for f in emu_flags(defines) if not f.startswith("-O")]
-        out = subprocess.run([compiler(), *flags, "-E", "-dM", f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}",
-                              str(EMU_DIR / "emu_launch.cpp")], check=True, capture_output=True, text=True).stdout
-        found = re.search(r"^#define AMK_COMBINE_EARLY (\d)$", out, re.M)
-        assert found, "AMK_COMBINE_EARLY is not defined as 0 or 1"
-        return int(found.group(1))
 
-    got = {name: early(SPECIALIZED.get(name, {})) for name in ("generic", *SPECIALIZED)}
-    assert got == {"generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 0, "bf16_ahead": 1, "int8_ahead": 0,
-                   "int4_ahead": 0, "bf16_oslices": 1, "bf16_fargmax": 1}
+def test_score_head_block_default_per_build(monkeypatch):
+    """Heads the wide score pass scores together by default (instructions/attention.cuh;
+    eval/PERF_NOTES.md items 85, 224 and 230): 4 in float-weight builds, 2 in symmetric int8 builds
+    of the loads-ahead loop, 1 in every other quantized build and the every-dtype build."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    assert build_defaults("AMK_ATTN_SCORE_HB") == {
+        "generic": 1, "bf16": 4, "int8": 1, "int4": 1, "int8_asym": 1, "bf16_ahead": 4, "int8_ahead": 2,
+        "int4_ahead": 1, "bf16_oslices": 4, "bf16_fargmax": 4}
 
 
 def run_where_the_mirror_says(emu, name: str, needs) -> tuple:

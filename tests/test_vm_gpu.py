@@ -209,20 +209,22 @@ def test_device_memory_accounts_for_every_buffer():
 # VM defines that change how the scheduler loop or an op computes, never what: a build with each
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
 # builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
-# items 126, 131 and 224)
-SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0"]
+# items 126, 131 and 224; AMK_ATTN_SCORE_HB=1, one head a score pass, against the default 4 of
+# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230)
+SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
 
 
 @pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
-@pytest.mark.parametrize("quant", [None, "int8"])
+@pytest.mark.parametrize("quant", [None, "int8", "int8_ahead"])
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
 def test_same_bits_defines(monkeypatch, model, quant, defines):
-    """A bf16 model (its specialized build, as benches run it; float or int8 weights) over 40
-    steps, each a launch, with 4 attention splits of 8-position blocks (3 of them hold rows by
-    the end, so the combine sums real splits): logits bit-identical with and without the
-    define, and within tolerance of the ReferenceVM in fp32 (so both builds are right, not only
-    alike)."""
-    cfg = dict(kv_splits=4, kv_block=8, **({"quant": quant} if quant else {}))
+    """A bf16 model (its specialized build, as benches run it; float or int8 weights, int8 in the
+    plain GEMV loop's build and in the loads-ahead loop's) over 40 steps, each a launch, with 4
+    attention splits of 8-position blocks (3 of them hold rows by the end, so the combine sums
+    real splits): logits bit-identical with and without the define, and within tolerance of the
+    ReferenceVM in fp32 (so both builds are right, not only alike)."""
+    quant_cfg = {None: {}, "int8": {"quant": "int8"}, "int8_ahead": {"quant": "int8", "gemv_loads_ahead": True}}
+    cfg = dict(kv_splits=4, kv_block=8, **quant_cfg[quant])
     prog, t = lowered(model, dtype="bfloat16", **cfg)
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     base = cuda_vm(prog, t, specialize=True)
