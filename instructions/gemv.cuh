@@ -803,10 +803,9 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_AHEAD_MULTI 0
 #endif
 
-// Rows [0, rows) of the task into acc; false where this build left their path out.
-// AMK_GEMV_FLAT (experiment, off; eval/PERF_NOTES.md item 231): float rows in plain-loop builds
-// spread over the block as one flat run of (row, vector) items where lane groups a row would take
-// two rounds of loads and the items fit one. A SmolLM2 gate/up task (12 rows of 72 bf16 vectors,
+// AMK_GEMV_FLAT (experiment, off; eval/PERF_NOTES.md item 231): float gate/up pairs in plain-loop
+// builds spread over the block as one flat run of (row, vector) items, where lane groups a row
+// would take two rounds of loads and the items fit one. A SmolLM2 gate/up task (12 rows of 72 bf16 vectors,
 // 32 lanes a row, 8 warps) takes two serial rounds in the plain loop (2.69 us of rows where 8-row
 // tasks take 1.29); flat, warp w takes items [w * chunk, (w + 1) * chunk), 108 of them, 4 a lane
 // (the loads a lane has in flight anyway), in one round. A warp's items span at most 3 rows, and a
@@ -816,7 +815,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_FLAT 0
 #endif
 #if AMK_GEMV_FLAT
-// Does the flat loop take these rows? (spill: the AMK_WARP_SIZE words of scratch it may use)
+// Does the flat loop take these rows? (its continued rows' parts need nwarps * 2 words of scratch)
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_flat_takes(int rows, int K) {
   using F = AmkWFmt<DT>;
@@ -827,6 +826,7 @@ AMK_DEVICE bool amk_gemv_flat_takes(int rows, int K) {
          chunk <= 2 * nvec + 1 && nw * (PAIR ? 2 : 1) <= AMK_WARP_SIZE;
 }
 
+// spill: AMK_WARP_SIZE words of scratch (the GEMV's block-reduction words, free in the rows phase).
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_flat(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, float* spill,
                                    float* acc, int rows, int K) {
@@ -885,6 +885,8 @@ AMK_DEVICE void amk_gemv_rows_flat(const AmkGemvW& w, const AmkGemvW& w2, const 
 }
 #endif
 
+// Rows [0, rows) of the task into acc; false where this build left their path out. red: the
+// GEMV's AMK_WARP_SIZE words of block-reduction scratch (AMK_GEMV_FLAT's continued rows).
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, [[maybe_unused]] float* red, int rows, int K) {
