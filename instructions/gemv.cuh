@@ -922,7 +922,9 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
 #endif
 #if AMK_GEMV_FLAT
   if constexpr (PAIR && !amk_quant_w<DT> && !AMK_GEMV_LOADS_AHEAD) {  // (the gate/up pairs: one copy of the code)
-    if (vec && amk_gemv_flat_takes<DT, PAIR>(rows, K)) {
+    // (2, a control: the code compiled in and never taken, rows >= 1 being the validator's rule,
+    // which the compiler cannot know; what its size and registers cost alone, as item 197 measured)
+    if (vec && (AMK_GEMV_FLAT == 2 ? rows < 0 : amk_gemv_flat_takes<DT, PAIR>(rows, K))) {
       amk_gemv_rows_flat<DT, PAIR>(w, w2, xs, xp, red, acc, rows, K);
       return true;
     }
