@@ -47,9 +47,15 @@ def read_source_page(path: str) -> dict[tuple[str, int], dict[str, int]]:
 def region_reasons(lines: dict, file: str, first: int, last: int) -> dict[str, float]:
     """The stall reasons of source lines first..last of `file`, as shares of their samples,
     with 'share': the region's share of all samples."""
+    return stall_reasons(lines, lambda f, n: f == file and first <= n <= last)
+
+
+def stall_reasons(lines: dict, keep=lambda f, n: True) -> dict[str, float]:
+    """The stall reasons of the source lines `keep(file, line)` selects (all by default), as shares
+    of their samples, with 'share': their share of all samples."""
     agg: dict[str, int] = defaultdict(int)
     for (f, n), d in lines.items():
-        if f == file and first <= n <= last:
+        if keep(f, n):
             for k, v in d.items():
                 agg[k] += v
     total = sum(d["samples"] for d in lines.values()) or 1
@@ -59,9 +65,18 @@ def region_reasons(lines: dict, file: str, first: int, last: int) -> dict[str, f
     return out
 
 
+def _mix(r: dict[str, float], leave_out: tuple[str, ...] = ()) -> str:
+    """A reason mix as text, largest first; leave_out: reasons dropped, the rest rescaled to 100 %."""
+    kept = {k: v for k, v in r.items() if k != "share" and k not in leave_out}
+    scale = sum(kept.values()) or 1.0
+    return ", ".join(f"{k} {v / scale * 100:.1f} %" for k, v in sorted(kept.items(), key=lambda kv: -kv[1])
+                     if v / scale >= 0.001)
+
+
 def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[str]:
     """Lines of text: the share of stall samples per file, the stall reasons of each region
-    ("file.cuh:FIRST-LAST"), and the top source lines with their three largest stall reasons."""
+    ("file.cuh:FIRST-LAST"), the top source lines with their three largest stall reasons, and the
+    reasons of all samples (and of those neither at a barrier nor asleep)."""
     lines = read_source_page(path)
     extra = []
     for reg in regions:
@@ -71,6 +86,7 @@ def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[s
         share = r.pop("share")
         why = ", ".join(f"{k} {v * 100:.1f} %" for k, v in sorted(r.items(), key=lambda kv: -kv[1]) if v >= 0.01)
         extra.append(f"  {reg}: {share * 100:.1f} % of the samples; {why}")
+    everything = stall_reasons(lines)
     total = sum(d["samples"] for d in lines.values()) or 1
     per_file: dict[str, int] = defaultdict(int)
     for (f, _), d in lines.items():
@@ -82,6 +98,9 @@ def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[s
         reasons = sorted(((k, v) for k, v in d.items() if k != "samples"), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{k} {v / max(d['samples'], 1) * 100:.0f} %" for k, v in reasons if v)
         out.append(f"  {d['samples'] / total * 100:5.1f} %  {f}:{n}  ({why})")
+    # (the warps parked at a barrier or asleep while one thread polls are most of a step's samples)
+    out.append(f"  all samples by reason: {_mix(everything)}")
+    out.append(f"  leaving out barrier and sleep: {_mix(everything, ('barrier', 'sleep'))}")
     return out
 
 

@@ -139,9 +139,8 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
 // int8 1B (the loads-ahead loop, set by the loader's -D) +0.23 %, so int8 builds of the
 // loads-ahead loop keep it off, as do the asymmetric int8 builds (sm_90 spills 4 / 4 B).
 #ifndef AMK_COMBINE_EARLY
-#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 || \
-    (((AMK_GEMV_WDTYPES) & 0x10) != 0 && ((defined(AMK_GEMV_LOADS_AHEAD) && AMK_GEMV_LOADS_AHEAD) || AMK_GEMV_I8_ZERO))
-#define AMK_COMBINE_EARLY 0  // (AMK_GEMV_LOADS_AHEAD is defined here only by a -D: gemv.cuh's default comes later)
+#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 || (((AMK_GEMV_WDTYPES) & 0x10) != 0 && (AMK_GEMV_LOADS_AHEAD || AMK_GEMV_I8_ZERO))
+#define AMK_COMBINE_EARLY 0
 #else
 #define AMK_COMBINE_EARLY 1
 #endif

@@ -46,6 +46,11 @@
 #ifndef AMK_GEMV_I8_ZERO
 #define AMK_GEMV_I8_ZERO 0
 #endif
+// AMK_GEMV_LOADS_AHEAD 1: the GEMV rows' loads-ahead loop (gemv.cuh, where it is described); its
+// default here, ahead of every header whose own defaults depend on it (combine.cuh, attention.cuh).
+#ifndef AMK_GEMV_LOADS_AHEAD
+#define AMK_GEMV_LOADS_AHEAD 0
+#endif
 // AMK_GEMV_PARTIALS 1: a GEMV may read x or its residual together with split-K partials
 // (ir.GemvParams x_partials / residual_partials, ScheduleConfig.o_proj_kv_slices). Off unless the
 // program has such a GEMV (knob_defines), so that other builds' code stays as it was.

@@ -689,10 +689,7 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // the last step's empty issue, lost or gained nothing and was removed). Asymmetric int8 keeps the
 // plain loop, and the AMK_DIAG_Q_* trace diagnostics apply to the plain loop only. (A struct
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
-// loop, so the loops share only the vector dot, amk_gemv_vec_acc.)
-#ifndef AMK_GEMV_LOADS_AHEAD
-#define AMK_GEMV_LOADS_AHEAD 0
-#endif
+// loop, so the loops share only the vector dot, amk_gemv_vec_acc.) Its default (0) is in common.cuh.
 
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,

@@ -41,3 +41,10 @@ def test_region_and_summary(tmp_path):
     assert out[0].startswith("2000 stall samples; per file: gemv.cuh 95.0 %, attention.cuh 5.0 %")
     assert "attention.cuh:10-11: 5.0 % of the samples; long_sb 50.0 %, no_inst 30.0 %, barrier 20.0 %" in out[1]
     assert out[2].strip().startswith("95.0 %  gemv.cuh:10")
+
+
+def test_reasons_of_all_samples(tmp_path):
+    out = summarize(_page(tmp_path), top=2)
+    # 2000 samples: long_sb 1950, no_inst 30, barrier 20; without the barrier's: 1980
+    assert out[-2] == "  all samples by reason: long_sb 97.5 %, no_inst 1.5 %, barrier 1.0 %"
+    assert out[-1] == "  leaving out barrier and sleep: long_sb 98.5 %, no_inst 1.5 %"
