@@ -800,93 +800,10 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_AHEAD_MULTI 0
 #endif
 
-// AMK_GEMV_FLAT (experiment, off; eval/PERF_NOTES.md item 231): float gate/up pairs in plain-loop
-// builds spread over the block as one flat run of (row, vector) items, where lane groups a row
-// would take two rounds of loads and the items fit one. A SmolLM2 gate/up task (12 rows of 72 bf16 vectors,
-// 32 lanes a row, 8 warps) takes two serial rounds in the plain loop (2.69 us of rows where 8-row
-// tasks take 1.29); flat, warp w takes items [w * chunk, (w + 1) * chunk), 108 of them, 4 a lane
-// (the loads a lane has in flight anyway), in one round. A warp's items span at most 3 rows, and a
-// row at most 2 warps: the warp holding a row's first item stores its sum, the next one adds its
-// part after a barrier (a fixed order: deterministic, not the plain loop's bits).
-#ifndef AMK_GEMV_FLAT
-#define AMK_GEMV_FLAT 0
-#endif
-#if AMK_GEMV_FLAT
-// Does the flat loop take these rows? (its continued rows' parts need nwarps * 2 words of scratch)
-template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_flat_takes(int rows, int K) {
-  using F = AmkWFmt<DT>;
-  constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-  const int nvec = K / F::VEC, nw = amk_nwarps(), lg = amk_log2_pow2(amk_gemv_lanes<DT, PAIR>(K));
-  const int chunk = (rows * nvec + nw - 1) / nw;
-  return K % F::VEC == 0 && rows > nw * (AMK_WARP_SIZE >> lg) && nvec <= chunk && chunk <= AMK_WARP_SIZE * U &&
-         chunk <= 2 * nvec + 1 && nw * (PAIR ? 2 : 1) <= AMK_WARP_SIZE;
-}
-
-// spill: AMK_WARP_SIZE words of scratch (the GEMV's block-reduction words, free in the rows phase).
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_flat(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, float* spill,
-                                   float* acc, int rows, int K) {
-  using F = AmkWFmt<DT>;
-  constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1, S = 3;  // S: rows a warp's items span
-  const int nvec = K / F::VEC, nw = amk_nwarps(), warp = amk_warp(), lane = amk_lane(), total = rows * nvec;
-  const int chunk = (total + nw - 1) / nw, lo = warp * chunk, hi = min(total, lo + chunk);
-  const int r0 = lo / nvec, c0 = lo - r0 * nvec, xstride = F::VEC + xp.pad;
-  const char* base1 = (const char*)w.wb->ptr + w.off * F::BITS / 8;
-  const char* base2 = PAIR ? (const char*)w2.wb->ptr + w2.off * F::BITS / 8 : nullptr;
-  const auto rot = AmkXRot<F::VEC / 4>::of(lane);
-  amk_u32x4 raw1[U], raw2[U];
-  int row_of[U], col_of[U];  // the item's row (from r0: 0 .. S - 1; -1: none) and vector
-#pragma unroll
-  for (int u = 0; u < U; ++u) {  // issue every load before the first use
-    const int c = c0 + lane + u * AMK_WARP_SIZE;
-    const int sr = (c >= nvec) + (c >= 2 * nvec);  // (chunk <= 2 nvec + 1: at most 2 rows on)
-    row_of[u] = lo + lane + u * AMK_WARP_SIZE < hi ? sr : -1;
-    col_of[u] = c - sr * nvec;
-    if (row_of[u] >= 0) {
-      const amk_i64 r = r0 + sr;
-      raw1[u] = amk_ld16_weight(base1 + r * w.stride * F::BITS / 8 + (amk_i64)col_of[u] * 16);
-      if (PAIR) raw2[u] = amk_ld16_weight(base2 + r * w2.stride * F::BITS / 8 + (amk_i64)col_of[u] * 16);
-    }
-  }
-  float s1[S] = {}, s2[S] = {};
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (row_of[u] < 0) continue;
-    const float* xv = xs + col_of[u] * xstride;
-    float t1 = 0.0f, t2 = 0.0f;
-    amk_gemv_vec_acc<DT>(t1, rot.words(raw1[u]), xv, 0.0f, 0.0f, 0.0f, rot);
-    if (PAIR) amk_gemv_vec_acc<DT>(t2, rot.words(raw2[u]), xv, 0.0f, 0.0f, 0.0f, rot);
-#pragma unroll
-    for (int sr = 0; sr < S; ++sr) {  // (registers: compile-time indices)
-      s1[sr] += row_of[u] == sr ? t1 : 0.0f;
-      if (PAIR) s2[sr] += row_of[u] == sr ? t2 : 0.0f;
-    }
-  }
-  const int spans = lo < hi ? (hi - 1) / nvec - r0 + 1 : 0;  // warp-uniform
-#pragma unroll
-  for (int sr = 0; sr < S; ++sr) {
-    if (sr >= spans) break;
-    const float v1 = amk_warp_sum(s1[sr]), v2 = PAIR ? amk_warp_sum(s2[sr]) : 0.0f;
-    if (lane == 0) {  // a row begun by the warp before: its part waits in spill
-      float* dst = sr == 0 && c0 > 0 ? spill + warp * m : acc + (r0 + sr) * m;
-      dst[0] = v1;
-      if (PAIR) dst[1] = v2;
-    }
-  }
-  amk_syncthreads();
-  for (int t = threadIdx.x; t < nw * m; t += blockDim.x) {  // one thread a continued row and matrix
-    const int wq = PAIR ? t >> 1 : t, lo_w = wq * chunk, r = lo_w / nvec;
-    if (lo_w < total && lo_w > r * nvec) acc[r * m + (t - wq * m)] += spill[t];
-  }
-}
-#endif
-
-// Rows [0, rows) of the task into acc; false where this build left their path out. red: the
-// GEMV's AMK_WARP_SIZE words of block-reduction scratch (AMK_GEMV_FLAT's continued rows).
+// Rows [0, rows) of the task into acc; false where this build left their path out.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
-                              float* acc, [[maybe_unused]] float* red, int rows, int K) {
+                              float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
   constexpr int m = PAIR ? 2 : 1;
@@ -913,16 +830,6 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
     // rows a step of all the block's lane groups: warps x (warp size / lanes a row)
     if (vec && rows > AMK_GEMV_AHEAD_MULTI * (amk_nwarps() * (AMK_WARP_SIZE >> amk_log2_pow2(amk_gemv_lanes<DT, PAIR>(K))))) {
       amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
-      return true;
-    }
-  }
-#endif
-#if AMK_GEMV_FLAT
-  if constexpr (PAIR && !amk_quant_w<DT> && !AMK_GEMV_LOADS_AHEAD) {  // (the gate/up pairs: one copy of the code)
-    // (2, a control: the code compiled in and never taken, rows >= 1 being the validator's rule,
-    // which the compiler cannot know; what its size and registers cost alone, as item 197 measured)
-    if (vec && (AMK_GEMV_FLAT == 2 ? rows < 0 : amk_gemv_flat_takes<DT, PAIR>(rows, K))) {
-      amk_gemv_rows_flat<DT, PAIR>(w, w2, xs, xp, red, acc, rows, K);
       return true;
     }
   }
@@ -962,9 +869,9 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
 // false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                 const float* xsums, float* acc, float* red, int rows, int K) {
+                                 const float* xsums, float* acc, int rows, int K) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
+    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
   } else {
     return false;
   }
@@ -972,13 +879,13 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* x
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                  const float* xsums, float* acc, float* red, int rows, int K) {
+                                  const float* xsums, float* acc, int rows, int K) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, red, rows, K);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
     default: return false;
   }
 }
@@ -1132,8 +1039,8 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   }
 #endif
   bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, red, rows, K);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, red, rows, K);
+  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
+  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;

@@ -117,20 +117,6 @@ def test_gemv_loads_ahead_for_multi_row_tasks(emu, monkeypatch, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
-@pytest.mark.parametrize("name,flat", [(n, 1) for n in ("pair_72_vecs", "pair_69_vecs", "pair_10_rows", "silu_mul",
-                                                          "tail_rows_pair")] + [("pair_72_vecs", 2)])
-def test_gemv_flat(emu, monkeypatch, name, flat):
-    """AMK_GEMV_FLAT (experiment, eval/PERF_NOTES.md item 231): gate/up pairs whose bf16 rows take one
-    flat round of (row, vector) items over the block (the pair_* cases: a fix-up that stores a continued
-    row's part instead of adding it fails all three), the plain loop for the others and for fp32
-    weights: the ReferenceVM's results. flat 2, the control (the flat code compiled in and never
-    taken): the plain loop's."""
-    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_FLAT={flat},AMK_GEMV_LOADS_AHEAD=0")
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
-    run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0), (1, 1)])
-
-
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):

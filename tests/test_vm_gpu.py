@@ -91,15 +91,6 @@ def test_gemv_q_mma(monkeypatch, name):
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 
 
-@pytest.mark.parametrize("name", ["pair_72_vecs", "pair_69_vecs", "pair_10_rows"])
-def test_gemv_flat(monkeypatch, name):
-    """AMK_GEMV_FLAT (experiment, eval/PERF_NOTES.md item 231): bf16 gate/up pairs in one flat round
-    of (row, vector) items, against the ReferenceVM."""
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_FLAT=1")
-    prog, t = cast_weights(*gemv_program(GEMV_CASES[name], seed=7), {"w", "w2"}, DType.BF16)
-    run_both(cuda_vm, prog, t, [(2, 0), (1, 1)])
-
-
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(name, dtype):

@@ -90,12 +90,6 @@ GEMV_CASES = {
     # items 101-102: the rows phase is the busiest warp's)
     "tail_rows_pair": GemvCase(rows=13, k=4096, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "tail_rows_add": GemvCase(rows=11, k=4096, epilogue=Epilogue.ADD, bias=True),
-    # gate/up pairs whose bf16 rows take two rounds of 32-lane groups and one flat round (AMK_GEMV_FLAT):
-    # a SmolLM2 task (12 rows of 72 vectors), rows of 69 vectors (the last warp's items fewer), and 10
-    # rows (a warp's items over 2 and 3 rows, rows continued in the next warp)
-    "pair_72_vecs": GemvCase(rows=12, k=576, slabs=1, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
-    "pair_69_vecs": GemvCase(rows=12, k=552, slabs=1, epilogue=Epilogue.SILU_MUL),
-    "pair_10_rows": GemvCase(rows=10, k=576, slabs=1, epilogue=Epilogue.SILU_MUL, norm_eps=1e-5),
     "i8_pair_rows_rounds": GemvCase(rows=40, k=8192, quant="i8", group=128, epilogue=Epilogue.SILU_MUL),
     "u4_many_rows": GemvCase(rows=200, k=1024, quant="u4", group=64, epilogue=Epilogue.ADD),
     # groups of 64 (one a tensor-core pass, AMK_GEMV_I8_MMA) over split-K slices, rows not a multiple of 16
