@@ -39,6 +39,16 @@
 #ifndef AMK_DIAG_PROLOGUE
 #define AMK_DIAG_PROLOGUE 0
 #endif
+// Trace diagnostic only (results unchanged): 1 runs the GEMV's rows twice, trace mark 1 between
+// and 2 after, so a trace shows the rows from memory (marks 0 -> 1) beside the same rows again with
+// their weights in the L2 (1 -> 2; the weight loads allocate no L1 lines). Not with AMK_DIAG_PROLOGUE
+// or AMK_DIAG_TWICE (their marks).
+#ifndef AMK_DIAG_ROWS_TWICE
+#define AMK_DIAG_ROWS_TWICE 0
+#endif
+#if AMK_DIAG_ROWS_TWICE && (AMK_DIAG_PROLOGUE || AMK_DIAG_TWICE)
+#error "AMK_DIAG_ROWS_TWICE takes the trace marks AMK_DIAG_PROLOGUE and AMK_DIAG_TWICE set"
+#endif
 // 1: the GEMV sets up from its record (shared-memory carve, operands, epilogue shape) before its
 // wait, overlapping it (a trace put that setup at 0.25 us after the wait; the 1B -1.1 %, the
 // SmolLM2 shape -2.5 % on an H200: eval/PERF_NOTES.md item 156); 0: it waits first, as every other
@@ -1041,12 +1051,18 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   bool ok;
   if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
   else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+#if AMK_DIAG_ROWS_TWICE
+  amk_syncthreads();
+  amk_trace_mark(c, 1);  // rows done from memory; the same again (acc rewritten with the same sums)
+  if (m == 2) ok = ok && amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
+  else ok = ok && amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+#endif
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);
     return;
   }
   amk_syncthreads();
-  if (AMK_DIAG_PROLOGUE == 0) amk_trace_mark(c, 1);  // rows done
+  if (AMK_DIAG_PROLOGUE == 0) amk_trace_mark(c, AMK_DIAG_ROWS_TWICE ? 2 : 1);  // rows done
   if (AMK_DIAG_PROLOGUE == 2) amk_trace_mark(c, 2);
 
   if (t.ip[AMK_P_SPLIT_K] > 1) {  // partial sums of this K slice; REDUCE runs the epilogue
