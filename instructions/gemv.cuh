@@ -701,17 +701,6 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.) Its default (0) is in common.cuh.
 
-// AMK_GEMV_STAGGER_NS (experiment, off; eval/PERF_NOTES.md item 233): the second half of the
-// block's warps sleeps this long before its first loads, in tasks of 3 or more rounds a warp.
-// Warps w and w + 4 of 8 share a scheduler (w mod 4) and, starting together, reach each round's
-// sums together, so each waits for the other's issue: a round costs a latency plus two warps'
-// sums. Offset by about one warp's sums, one sums while the other waits on its loads. The int8
-// rows' sums are ~2x bf16's (16 weights a vector), and item 232 found them as slow from the L2
-// as from memory: the SM, not the memory, sets their pace. Results unchanged (a delay only).
-#ifndef AMK_GEMV_STAGGER_NS
-#define AMK_GEMV_STAGGER_NS 0
-#endif
-
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
                                     AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
@@ -724,11 +713,6 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   const int sub = amk_lane() & (L - 1);
   const int nvec = K / F::VEC, xstride = F::VEC + xp.pad;
   const int first = amk_warp() * per_warp, step = amk_nwarps() * per_warp;
-#if AMK_GEMV_STAGGER_NS
-  // (3 rounds a warp or more, as multiplications: rows * nvec / (L * U) block rounds over step warps-rows)
-  if (amk_nwarps() >= 8 && amk_warp() >= amk_nwarps() / 2 && (amk_i64)rows * nvec >= 3ll * step * L * U)
-    amk_nanosleep(AMK_GEMV_STAGGER_NS);
-#endif
   const auto rot = AmkXRot<F::VEC / 4>::of(sub);
   const auto row_of = [&](const AmkGemvW& ww, int r) {
     return (const char*)ww.wb->ptr + (ww.off + (amk_i64)r * ww.stride) * F::BITS / 8;

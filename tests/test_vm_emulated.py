@@ -94,14 +94,12 @@ def test_gemv_q_mma(emu, monkeypatch, name):
 
 @pytest.mark.parametrize("name", ["long_k", "many_rows", "tail_rows_pair", "split_k_tail", "i8_two_rounds",
                                   "i8_pair_rows_rounds", "i8_g64_split", "u4_many_rows", "u4_vec_split"])
-@pytest.mark.parametrize("stagger_ns", [0, 200])
-def test_gemv_loads_ahead(emu, monkeypatch, name, stagger_ns):
+def test_gemv_loads_ahead(emu, monkeypatch, name):
     """AMK_GEMV_LOADS_AHEAD (gemv.cuh): the next round's loads (with their scales and zeros)
     issued before the row's reduction. Rounds across rows (many_rows, u4_many_rows), several a
     row (long_k in fp32, the pair's 4096 columns, int8's 8192), a K slice's tail (split_k_tail)
-    and quantized K slices: the plain loop's results, float weights in bf16 too. With
-    AMK_GEMV_STAGGER_NS (experiment, item 233: half the warps start late) the same."""
-    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_LOADS_AHEAD=1,AMK_GEMV_STAGGER_NS={stagger_ns}")
+    and quantized K slices: the plain loop's results, float weights in bf16 too."""
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_LOADS_AHEAD=1")
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
     if GEMV_CASES[name].quant is None:
