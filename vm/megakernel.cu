@@ -66,6 +66,14 @@
 #define AMK_PREFETCH_NEXT_RECORD 1
 #endif
 
+// The wait-time hints of an attention partial's K and V rows (amk_attn_prefetch_rows; experiment: 0
+// leaves them out, keeping the GEMVs' weight hints). A SmolLM2 trace with the hints on put its
+// partials' first phase (q and pos) 1.48 -> 2.18 us and their passes no faster (eval/PERF_NOTES.md
+// item 234).
+#ifndef AMK_PREFETCH_ATTN_ROWS
+#define AMK_PREFETCH_ATTN_ROWS 1
+#endif
+
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
@@ -75,7 +83,7 @@ static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 // be a task further down the queue.
 AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
                                   int nthr, const volatile int* keep_going) {
-  if (t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
+  if (AMK_PREFETCH_ATTN_ROWS && t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
   long long budget = (long long)AMK_PREFETCH_KB * 1024 / 128;  // 128-byte line slots
   const int mask = t->prefetch_in;
   for (int s = 0; s < t->n_in && mask != 0 && budget > 0; ++s) {
