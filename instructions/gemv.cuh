@@ -47,7 +47,7 @@
 #define AMK_DIAG_ROWS_TWICE 0
 #endif
 #if AMK_DIAG_ROWS_TWICE && (AMK_DIAG_PROLOGUE || AMK_DIAG_TWICE)
-#error "AMK_DIAG_ROWS_TWICE takes the trace marks AMK_DIAG_PROLOGUE and AMK_DIAG_TWICE set"
+#error "AMK_DIAG_ROWS_TWICE uses the trace marks that AMK_DIAG_PROLOGUE and AMK_DIAG_TWICE set: one diagnostic at a time"
 #endif
 // 1: the GEMV sets up from its record (shared-memory carve, operands, epilogue shape) before its
 // wait, overlapping it (a trace put that setup at 0.25 us after the wait; the 1B -1.1 %, the
