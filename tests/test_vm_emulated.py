@@ -457,6 +457,14 @@ def test_score_head_block_default_per_build(monkeypatch):
         "int4_ahead": 1, "bf16_oslices": 4, "bf16_fargmax": 4}
 
 
+def test_attention_row_hints_off_by_default(monkeypatch):
+    """The attention partials' wait-time K/V row hints are off unless a build asks for them
+    (vm/megakernel.cu AMK_PREFETCH_ATTN_ROWS; eval/PERF_NOTES.md item 234: on, they cost the 1B 1.0 %)."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    assert build_macros({})["AMK_PREFETCH_ATTN_ROWS"] == "0"
+    assert build_macros({"AMK_PREFETCH_ATTN_ROWS": 1})["AMK_PREFETCH_ATTN_ROWS"] == "1"
+
+
 def run_where_the_mirror_says(emu, name: str, needs) -> tuple:
     """GEMV case `name` in the build $AMK_VM_DEFINES names, which leaves a path out: the device
     reports "unsupported dtype" where `needs(task, by_id, qcomp)` (a loader mirror) says a GEMV

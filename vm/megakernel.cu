@@ -66,12 +66,12 @@
 #define AMK_PREFETCH_NEXT_RECORD 1
 #endif
 
-// The wait-time hints of an attention partial's K and V rows (amk_attn_prefetch_rows; experiment: 0
-// leaves them out, keeping the GEMVs' weight hints). A SmolLM2 trace with the hints on put its
-// partials' first phase (q and pos) 1.48 -> 2.18 us and their passes no faster (eval/PERF_NOTES.md
-// item 234).
+// 1: an attention partial's wait also hints its K and V rows into the L2 (amk_attn_prefetch_rows);
+// 0 (the default): only the GEMVs' weights are hinted. The row hints made a SmolLM2 partial's first
+// phase (q and pos) 1.48 -> 2.18 us with its passes no faster, and without them, paired on an H200:
+// the 1B -1.03 %, at ctx 8192 -0.60 %, the int8 1B -0.41 % (eval/PERF_NOTES.md item 234).
 #ifndef AMK_PREFETCH_ATTN_ROWS
-#define AMK_PREFETCH_ATTN_ROWS 1
+#define AMK_PREFETCH_ATTN_ROWS 0
 #endif
 
 static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
