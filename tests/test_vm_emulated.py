@@ -122,7 +122,7 @@ def test_gemv_loads_ahead_for_multi_row_tasks(emu, monkeypatch, name):
 def test_gemv_rows_twice(emu, monkeypatch, name, ahead):
     """AMK_DIAG_ROWS_TWICE (a trace diagnostic, eval/PERF_NOTES.md item 232): the rows run twice,
     the second pass rewriting the same sums, so results stay the ReferenceVM's in both loops, split-K
-    partials and quantized rows included (rows that accumulated into acc would double)."""
+    partials and quantized rows included (a second pass that wrote other rows fails them)."""
     monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_DIAG_ROWS_TWICE=1,AMK_GEMV_LOADS_AHEAD={ahead}")
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(1, 0), (3, 1)])
