@@ -65,12 +65,13 @@ def stall_reasons(lines: dict, keep=lambda f, n: True) -> dict[str, float]:
     return out
 
 
-def _mix(r: dict[str, float], leave_out: tuple[str, ...] = ()) -> str:
-    """A reason mix as text, largest first; leave_out: reasons dropped, the rest rescaled to 100 %."""
+def _mix(r: dict[str, float], leave_out: tuple[str, ...] = (), floor: float = 0.001) -> str:
+    """A reason mix as text, largest first, down to `floor`; leave_out: reasons dropped, the rest
+    rescaled to 100 % (a line's reasons sum to its samples, so without leave_out nothing moves)."""
     kept = {k: v for k, v in r.items() if k != "share" and k not in leave_out}
     scale = sum(kept.values()) or 1.0
     return ", ".join(f"{k} {v / scale * 100:.1f} %" for k, v in sorted(kept.items(), key=lambda kv: -kv[1])
-                     if v / scale >= 0.001)
+                     if v / scale >= floor)
 
 
 def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[str]:
@@ -83,9 +84,7 @@ def summarize(path: str, top: int = 30, regions: tuple[str, ...] = ()) -> list[s
         file, _, span = reg.rpartition(":")
         first, _, last = span.partition("-")
         r = region_reasons(lines, file, int(first), int(last or first))
-        share = r.pop("share")
-        why = ", ".join(f"{k} {v * 100:.1f} %" for k, v in sorted(r.items(), key=lambda kv: -kv[1]) if v >= 0.01)
-        extra.append(f"  {reg}: {share * 100:.1f} % of the samples; {why}")
+        extra.append(f"  {reg}: {r['share'] * 100:.1f} % of the samples; {_mix(r, floor=0.01)}")
     everything = stall_reasons(lines)
     total = sum(d["samples"] for d in lines.values()) or 1
     per_file: dict[str, int] = defaultdict(int)

@@ -1048,14 +1048,15 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     amk_syncthreads();
   }
 #endif
-  bool ok;
-  if (m == 2) ok = amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
-  else ok = amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+  const auto rows_pass = [&]() {
+    return m == 2 ? amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K)
+                  : amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+  };
+  bool ok = rows_pass();
 #if AMK_DIAG_ROWS_TWICE
   amk_syncthreads();
   amk_trace_mark(c, 1);  // rows done from memory; the same again (acc rewritten with the same sums)
-  if (m == 2) ok = ok && amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K);
-  else ok = ok && amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+  ok = ok && rows_pass();
 #endif
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);

@@ -78,9 +78,9 @@ static_assert(AMK_BLOCK_THREADS % AMK_WARP_SIZE == 0, "blocks are whole warps");
 
 // Hint the L2 to fetch a task's immutable inputs (slots in t.prefetch_in; an attention
 // partial's KV rows too where AMK_PREFETCH_ATTN_ROWS is 1, instructions/attention.cuh),
-// spread over threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is over: from
-// then on the op's own loads fetch the rest). Reads the record from the global table: it may
-// be a task further down the queue.
+// spread over threads tid = 0..nthr-1, until *keep_going drops to 0 (the wait it overlaps is
+// over: from then on the op's own loads fetch the rest). Reads the record from the global
+// table: it may be a task further down the queue.
 AMK_DEVICE void amk_prefetch_task(const AmkTask* __restrict__ t, const AmkBuffer* __restrict__ bufs, int tid,
                                   int nthr, const volatile int* keep_going) {
   if (AMK_PREFETCH_ATTN_ROWS && t->op == AMK_OP_ATTN_PARTIAL) amk_attn_prefetch_rows(t, bufs, tid, nthr, keep_going);
