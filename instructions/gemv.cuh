@@ -810,12 +810,33 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_AHEAD_MULTI 0
 #endif
 
+#if AMK_GEMV_I8_XQ
+static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_I8_XQ reads x padded and unrotated, and not with the MMA rows");
+// Whether the task's int8 rows take the vector path against packed x (block-uniform; amk_gemv_rows
+// takes it under the same test): every column in whole vectors, so no tail reads x as floats.
+AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K) {
+  if constexpr (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8)) {
+    AmkGroupOf g;
+    return w.wb->dtype == AMK_DTYPE_I8 && K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 &&
+           amk_gemv_vec_ok<AMK_DTYPE_I8>(w, K, g) && (!pair || amk_gemv_vec_ok<AMK_DTYPE_I8>(w2, K, g));
+  } else {
+    return false;
+  }
+}
+// x in place as fixed point, a 16-column slice a thread at a time (vec.cuh amk_xq_pack).
+AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
+  constexpr int VEC = AmkWFmt<AMK_DTYPE_I8>::VEC;
+  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack(xs + v * (VEC + xp.pad));
+}
+#endif
+
 // Rows [0, rows) of the task into acc; false where this build left their path out.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
-  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
+  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
+                   (!(AMK_GEMV_I8_XQ && DT == AMK_DTYPE_I8) || K % AmkWFmt<DT>::VEC == 0);  // (amk_gemv_xq_takes)
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_WHOLE_VECS
   if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
@@ -1041,6 +1062,12 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
+#if AMK_GEMV_I8_XQ
+  if (amk_gemv_xq_takes(w, w2, m == 2, K)) {  // (after the shape check; a trace counts it in the rows phase)
+    amk_gemv_xq_pack_x(xs, xp, K);
+    amk_syncthreads();
+  }
+#endif
 #if AMK_GEMV_Q_MMA
   if (amk_gemv_q_mma_takes(w, w2, K)) {  // (after the shape check; a trace counts it in the rows phase)
     if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_U4>::SPAN>(xs, xp, K);

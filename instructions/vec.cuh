@@ -112,6 +112,65 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
   return s;
 }
 
+// AMK_GEMV_I8_XQ (experiment, 0 = off; eval/PERF_NOTES.md item 235): int8 rows dotted in integers.
+// The GEMV rewrites each 16-column vector's slice of x, in place, as 24-bit fixed point with the
+// slice's own scale (amk_xq_pack), so a weight vector's dot is 8 dp2a (the high 16 bits) and 4
+// dp4a (the low 8) instead of 16 byte permutes, subtractions and FMAs with 4 shared loads of
+// float x. A slice needs AmkXq::WORDS of the 16 (padded: 20) floats it had.
+#ifndef AMK_GEMV_I8_XQ
+#define AMK_GEMV_I8_XQ 0
+#endif
+struct AmkXq {
+  // words: [0, 8) the high parts (16-bit pairs), [8, 12) the low parts (byte quads), 12 the scale
+  static constexpr int LO = 8, SCALE = 12, WORDS = 13;
+  // |q| at most 32767 * 256 - 128 (plus one for rounding): q = 256 hi + lo with lo a signed byte keeps hi
+  // inside 16 bits
+  static constexpr float QMAX = 8388224.0f;
+};
+// Slice x[0, 16) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
+// max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
+// the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
+AMK_DEVICE void amk_xq_pack(float* slot) {
+  float x[16];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float4 v = ((const float4*)slot)[c];
+    x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
+  }
+  int mb = 0;  // max |x| by its bits: non-negative floats order as integers, and NaN and inf sort last
+#pragma unroll
+  for (int j = 0; j < 16; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
+  const bool finite = mb < 0x7f800000;
+  const float m = __int_as_float(mb), inv = finite && mb > 0 ? AmkXq::QMAX / m : 0.0f;
+  unsigned hi[8] = {}, lo[4] = {};
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    // |q| <= QMAX + 1 (two roundings in x * inv), inside 32767 * 256 + 127: no clamp needed
+    const int q = amk_f2i_rn(x[j] * inv), l = (int)(signed char)(q & 0xff), h = (q - l) >> 8;
+    hi[j >> 1] |= ((unsigned)h & 0xffffu) << (16 * (j & 1));
+    lo[j >> 2] |= ((unsigned)l & 0xffu) << (8 * (j & 3));
+  }
+  float4* out = (float4*)slot;
+  out[0] = float4{__uint_as_float(hi[0]), __uint_as_float(hi[1]), __uint_as_float(hi[2]), __uint_as_float(hi[3])};
+  out[1] = float4{__uint_as_float(hi[4]), __uint_as_float(hi[5]), __uint_as_float(hi[6]), __uint_as_float(hi[7])};
+  out[2] = float4{__uint_as_float(lo[0]), __uint_as_float(lo[1]), __uint_as_float(lo[2]), __uint_as_float(lo[3])};
+  slot[AmkXq::SCALE] = finite ? m / AmkXq::QMAX : amk_nan();
+}
+// sum_j code_j * x[j] over a 16-byte int8 vector (word i: codes 4i..4i+3) and its packed slice.
+// The sums are exact integers (|hi sum| < 2^27); the one rounding is the conversion to float.
+AMK_DEVICE float amk_xq_dot(const amk_u32x4& v, const float* slot) {
+  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = ((const float4*)slot)[2];
+  const float scale = slot[AmkXq::SCALE];
+  int a = 0, b = 0;
+  a = amk_dp2a_lo((unsigned)__float_as_int(h0.x), v.x, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.y), v.x, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h0.z), v.y, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.w), v.y, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h1.x), v.z, a), a = amk_dp2a_hi((unsigned)__float_as_int(h1.y), v.z, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h1.z), v.w, a), a = amk_dp2a_hi((unsigned)__float_as_int(h1.w), v.w, a);
+  b = amk_dp4a((unsigned)__float_as_int(l.x), v.x, b), b = amk_dp4a((unsigned)__float_as_int(l.y), v.y, b);
+  b = amk_dp4a((unsigned)__float_as_int(l.z), v.z, b), b = amk_dp4a((unsigned)__float_as_int(l.w), v.w, b);
+  return scale * fmaf((float)a, 256.0f, (float)b);
+}
+
 template <> struct AmkWFmt<AMK_DTYPE_I8> {
   static constexpr int VEC = 16, BITS = 8;
   static AMK_DEVICE float get(const amk_u32x4& v, int j) {
@@ -122,6 +181,7 @@ template <> struct AmkWFmt<AMK_DTYPE_I8> {
   // of 2^23's mantissa is the float 2^23 + code + 128, so one byte permute (PRMT) and one
   // exact subtraction replace the (quarter-rate) integer-to-float conversion.
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, AmkXRot<4> rot) {
+    if constexpr (AMK_GEMV_I8_XQ) return amk_xq_dot(v, x);  // x: the packed slice (rot is none: padded x)
     if constexpr (AMK_Q_UNPACK == 2) return amk_qdot_converted<AmkWFmt>(v, x, rot);
     const unsigned w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
     float s = 0.0f;

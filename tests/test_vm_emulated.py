@@ -31,6 +31,8 @@ from vm_cases import (
     GEMV_CASES,
     Q_MMA_CASES,
     Q_MMA_DEFINES,
+    I8_XQ_CASES,
+    I8_XQ_DEFINES,
     HALF_WEIGHT_CASES,
     PROMPT,
     UNFUSED,
@@ -78,6 +80,17 @@ def test_argmax_ties_and_nan(emu, case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(emu, name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
+
+
+@pytest.mark.parametrize("defines", I8_XQ_DEFINES)
+@pytest.mark.parametrize("name", I8_XQ_CASES)
+def test_gemv_i8_xq(emu, monkeypatch, name, defines):
+    """AMK_GEMV_I8_XQ: int8 rows dotted in integers against x packed as 24-bit fixed point a
+    16-column slice (dp2a / dp4a), within the fp32 bound of the ReferenceVM; a task with a tail
+    keeps float x and the scalar rows (i8_channel_tail). Both rows loops."""
+    monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
@@ -235,6 +248,17 @@ def test_tiny_model(emu, family):
                                       quant_lm_head=True)])
 def test_lowered_model(emu, cfg):
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, **cfg)
+    run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
+@pytest.mark.parametrize("cfg", [dict(quant="int8", quant_group=32, fuse_argmax=True, quant_lm_head=True),
+                                 dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, quant_lm_head=True)])
+def test_lowered_model_i8_xq(emu, monkeypatch, cfg):
+    """AMK_GEMV_I8_XQ in a lowered bf16 model: symmetric int8 with the quantized head writing the
+    argmax pairs, and asymmetric int8 (its zero terms from x's float chunk sums, taken before x is
+    packed) with split-K partials."""
+    monkeypatch.setenv("AMK_VM_DEFINES", I8_XQ_DEFINES[0])
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 

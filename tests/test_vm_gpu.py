@@ -22,6 +22,8 @@ from vm_cases import (
     GEMV_CASES,
     Q_MMA_CASES,
     Q_MMA_DEFINES,
+    I8_XQ_CASES,
+    I8_XQ_DEFINES,
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
@@ -78,6 +80,17 @@ def test_argmax_ties_and_nan(case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(name):
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
+
+
+@pytest.mark.parametrize("defines", I8_XQ_DEFINES)
+@pytest.mark.parametrize("name", I8_XQ_CASES)
+def test_gemv_i8_xq(monkeypatch, name, defines):
+    """AMK_GEMV_I8_XQ: int8 rows dotted in integers against x packed as 24-bit fixed point a
+    16-column slice (dp2a / dp4a), within the fp32 bound of the ReferenceVM; a task with a tail
+    keeps float x and the scalar rows (i8_channel_tail). Both rows loops."""
+    monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 

@@ -108,12 +108,19 @@ GEMV_CASES = {
     "i8_one_group": GemvCase(rows=24, k=64, quant="i8", group=64),
     "i8_one_group_of_3": GemvCase(rows=24, k=48, quant="i8", group=48, epilogue=Epilogue.ADD),
     "u4_groups_of_3": GemvCase(rows=16, k=192, quant="u4", group=96, epilogue=Epilogue.SILU_MUL),
+    # per-channel int8 scales over 4 whole vectors and a tail of 8 columns: vector rows with a tail
+    # (AMK_GEMV_I8_XQ sends it to the scalar rows and leaves x as floats)
+    "i8_channel_tail": GemvCase(rows=16, k=72, quant="i8", group=72, norm_eps=1e-5),
 }
 # the cases whose quantized rows AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA take (a pass of 4 vectors inside
 # one group: int8 groups of 64 or more, int4 of 128 or more; K a multiple of the pass)
 Q_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x", "u4_g128_pair",
                "u4_g128_split", "i8_g64_short_k"]
 Q_MMA_DEFINES = "AMK_GEMV_I8_MMA=1,AMK_GEMV_U4_MMA=1"
+# every int8 case, for AMK_GEMV_I8_XQ (x packed as fixed point where the int8 rows are whole vectors)
+I8_XQ_CASES = [name for name, case in GEMV_CASES.items() if case.quant == "i8"]
+# both rows loops: the plain one and the loads-ahead one (the 1B builds')
+I8_XQ_DEFINES = ["AMK_GEMV_I8_XQ=1", "AMK_GEMV_I8_XQ=1,AMK_GEMV_LOADS_AHEAD=1"]
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the

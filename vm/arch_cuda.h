@@ -150,6 +150,27 @@ AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigne
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// ---------------------------------------------------------------- integer dot products (sm_61+)
+// Used only by int8 rows against x in fixed point (AMK_GEMV_I8_XQ, instructions/gemv.cuh).
+// dp2a: c + a.h0 * b.byte(k) + a.h1 * b.byte(k + 1), k 0 (lo) or 2 (hi); dp4a: c + sum a.byte(i) * b.byte(i);
+// every operand signed.
+#define AMK_HAS_IDP 1
+AMK_DEVICE int amk_dp2a_lo(unsigned a, unsigned b, int c) {
+  int d;
+  asm("dp2a.lo.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+AMK_DEVICE int amk_dp2a_hi(unsigned a, unsigned b, int c) {
+  int d;
+  asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+AMK_DEVICE int amk_dp4a(unsigned a, unsigned b, int c) {
+  int d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 // ---------------------------------------------------------------- exact arithmetic
 // Element-wise steps that the reference does as separate torch ops must not be contracted
 // into FMAs: these round each step exactly once, as torch does.

@@ -31,6 +31,30 @@ AMK_DEVICE bool amk_isnan(float a) { return a != a; }
 AMK_DEVICE float amk_neg_inf() { return __int_as_float((int)0xff800000u); }
 AMK_DEVICE float amk_nan() { return __int_as_float(0x7fffffff); }
 
+// ---------------------------------------------------------------- integer dot products
+#ifndef AMK_HAS_IDP
+// Where the architecture header has none (HIP, the CPU emulator): arch_cuda.h's signed dp2a / dp4a
+// in plain integer arithmetic.
+AMK_DEVICE int amk_idp_byte(unsigned b, int i) { return (int)(signed char)((b >> (8 * i)) & 0xffu); }
+AMK_DEVICE int amk_idp_half(unsigned a, int i) { return (int)(short)((a >> (16 * i)) & 0xffffu); }
+AMK_DEVICE int amk_dp2a_lo(unsigned a, unsigned b, int c) {
+  return c + amk_idp_half(a, 0) * amk_idp_byte(b, 0) + amk_idp_half(a, 1) * amk_idp_byte(b, 1);
+}
+AMK_DEVICE int amk_dp2a_hi(unsigned a, unsigned b, int c) {
+  return c + amk_idp_half(a, 0) * amk_idp_byte(b, 2) + amk_idp_half(a, 1) * amk_idp_byte(b, 3);
+}
+AMK_DEVICE int amk_dp4a(unsigned a, unsigned b, int c) {
+  for (int i = 0; i < 4; ++i) c += amk_idp_byte(a, i) * amk_idp_byte(b, i);
+  return c;
+}
+#endif
+// float -> int, rounded to nearest even
+#if defined(AMK_ARCH_EMU)
+AMK_DEVICE int amk_f2i_rn(float v) { return (int)lrintf(v); }
+#else
+AMK_DEVICE int amk_f2i_rn(float v) { return __float2int_rn(v); }
+#endif
+
 // ---------------------------------------------------------------- counter scopes
 #ifndef AMK_HAS_XCD_SCOPE
 // One L2 for the whole GPU: the cheaper XCD scope is device scope.

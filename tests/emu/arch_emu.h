@@ -192,4 +192,5 @@ AMK_DEVICE float amk_add(float a, float b) { return a + b; }
 AMK_DEVICE float amk_sub(float a, float b) { return a - b; }
 AMK_DEVICE float amk_div(float a, float b) { return a / b; }
 AMK_DEVICE float amk_rsqrt(float a) { return 1.0f / sqrtf(a); }
+using std::max;
 using std::min;
