@@ -812,12 +812,17 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 
 #if AMK_GEMV_I8_XQ
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_I8_XQ reads x padded and unrotated, and not with the MMA rows");
+// x can be packed: every column in whole vectors (no tail reads x as floats), each slice in a padded
+// slot of 16 + 4 floats (the loader pads int8 x: gemv_x_pad_shift).
+AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
+  return K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 && xp.shift == 4 && AmkWFmt<AMK_DTYPE_I8>::VEC + xp.pad >= AmkXq::WORDS;
+}
 // Whether the task's int8 rows take the vector path against packed x (block-uniform; amk_gemv_rows
-// takes it under the same test): every column in whole vectors, so no tail reads x as floats.
-AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K) {
+// takes it under the same test).
+AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8)) {
     AmkGroupOf g;
-    return w.wb->dtype == AMK_DTYPE_I8 && K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 &&
+    return w.wb->dtype == AMK_DTYPE_I8 && amk_gemv_xq_fits(K, xp) &&
            amk_gemv_vec_ok<AMK_DTYPE_I8>(w, K, g) && (!pair || amk_gemv_vec_ok<AMK_DTYPE_I8>(w2, K, g));
   } else {
     return false;
@@ -835,8 +840,12 @@ template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
+#if AMK_GEMV_I8_XQ
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
-                   (!(AMK_GEMV_I8_XQ && DT == AMK_DTYPE_I8) || K % AmkWFmt<DT>::VEC == 0);  // (amk_gemv_xq_takes)
+                   (DT != AMK_DTYPE_I8 || amk_gemv_xq_fits(K, xp));  // (amk_gemv_xq_takes: else x stays float)
+#else
+  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
+#endif
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_WHOLE_VECS
   if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
@@ -1063,7 +1072,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     return;
   }
 #if AMK_GEMV_I8_XQ
-  if (amk_gemv_xq_takes(w, w2, m == 2, K)) {  // (after the shape check; a trace counts it in the rows phase)
+  if (amk_gemv_xq_takes(w, w2, m == 2, K, xp)) {  // (after the shape check; a trace counts it in the rows phase)
     amk_gemv_xq_pack_x(xs, xp, K);
     amk_syncthreads();
   }
