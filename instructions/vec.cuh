@@ -112,26 +112,30 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
   return s;
 }
 
-// AMK_GEMV_I8_XQ (experiment, 0 = off; eval/PERF_NOTES.md item 235): int8 rows dotted in integers.
-// The GEMV rewrites each 16-column vector's slice of x, in place, as fixed point with the slice's own
-// step (amk_xq_pack): x[j] ~ step * (hi[j] + lo[j] / 2^15), hi and lo 16-bit. A weight vector's dot
-// is then 16 dp2a (exact integer sums) instead of 16 byte permutes, subtractions and FMAs. The error
-// in x is at most max|x| / 2^31 over the slice, under an fp32 rounding of every element but those
-// 2^7 times smaller than the slice's largest; a 24-bit form (hi and a byte) was measured first and
-// missed the fp32 bound of a GEMV case with x of 3e5 (item 235). The packed slice takes
-// AmkXq::WORDS of the 20 floats of its padded slot.
+// AMK_GEMV_I8_XQ (eval/PERF_NOTES.md item 235): int8 rows dotted in integers. The GEMV rewrites each
+// 16-column vector's slice of x, in place, as 24-bit fixed point with the slice's own step
+// (amk_xq_pack), so a weight vector's dot is 8 dp2a (the high 16 bits) and 4 dp4a (the low 8)
+// instead of 16 byte permutes, subtractions and FMAs with 4 shared loads of float x. A slice needs
+// AmkXq::WORDS of the 16 (padded: 20) floats it had. x moves by at most max|x| / 2^24 of its slice
+// (an fp32 rounding of the slice's largest element; smaller elements lose bits), so a dot may move
+// by sum_j |w_j| max|x|_slice(j) / 2^24 beyond an fp32 dot's rounding (tests/vm_cases.py xq_bound).
+// A 32-bit form (hi and lo 16-bit, 16 dp2a) met the fp32 bound but lost most of the gain (the int8
+// 1B -0.94 % against -3.44 %, H200). The loader sets it for symmetric int8 loads-ahead builds on NVIDIA
+// targets (vm/loader.py _i8_xq_define); 0 elsewhere.
 #ifndef AMK_GEMV_I8_XQ
 #define AMK_GEMV_I8_XQ 0
 #endif
 struct AmkXq {
-  // words: [0, 8) hi, [8, 16) lo (16-bit pairs, column 2i in the low half of word i), 16 the step
-  static constexpr int LO = 8, STEP = 16, WORDS = 17;
-  static constexpr float QH = 32766.0f;        // |hi| <= QH: x * (QH / max|x|) rounds to at most QH
-  static constexpr float LO_UNIT = 32768.0f;   // lo in steps / 2^15: |lo| < 0.51 * 2^15
-  static constexpr int TINY_BITS = 0x1f800000;  // a slice with max|x| under 2^-64 packs as zeros
+  // words: [0, 8) the high parts (16-bit pairs), [8, 12) the low parts (byte quads), 12 the scale
+  static constexpr int LO = 8, SCALE = 12, WORDS = 13;
+  // |q| at most 32767 * 256 - 128 (plus one for rounding): q = 256 hi + lo with lo a signed byte keeps hi
+  // inside 16 bits
+  static constexpr float QMAX = 8388224.0f;
+  static constexpr int TINY_BITS = 0x1f800000;  // a slice with max|x| under 2^-64 packs as zeros (QMAX / m finite)
 };
-// Slice x[0, 16) of `slot` -> hi, lo and step in place. A NaN or infinite element makes the step
-// NaN, so the dot is NaN as the float one would be (a poisoned x stays visible).
+// Slice x[0, 16) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
+// max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
+// the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
 AMK_DEVICE void amk_xq_pack(float* slot) {
   float x[16];
 #pragma unroll
@@ -142,43 +146,36 @@ AMK_DEVICE void amk_xq_pack(float* slot) {
   int mb = 0;  // max |x| by its bits: non-negative floats order as integers, and NaN and inf sort last
 #pragma unroll
   for (int j = 0; j < 16; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
-  const bool finite = mb < 0x7f800000, live = finite && mb >= AmkXq::TINY_BITS;
-  const float m = __int_as_float(mb), step = live ? m / AmkXq::QH : 0.0f;
-  const float inv = live ? AmkXq::QH / m : 0.0f, inv_lo = inv * AmkXq::LO_UNIT;
-  unsigned hi[8] = {}, lo[8] = {};
+  const bool finite = mb < 0x7f800000;
+  const float m = __int_as_float(mb), inv = finite && mb >= AmkXq::TINY_BITS ? AmkXq::QMAX / m : 0.0f;
+  unsigned hi[8] = {}, lo[4] = {};
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const int h = amk_f2i_rn(x[j] * inv);
-    const float r = fmaf(-(float)h, step, x[j]);  // the remainder, |r| <= ~0.504 step
-    const int l = amk_f2i_rn(r * inv_lo);
+    // |q| <= QMAX + 1 (two roundings in x * inv), inside 32767 * 256 + 127: no clamp needed
+    const int q = amk_f2i_rn(x[j] * inv), l = (int)(signed char)(q & 0xff), h = (q - l) >> 8;
     hi[j >> 1] |= ((unsigned)h & 0xffffu) << (16 * (j & 1));
-    lo[j >> 1] |= ((unsigned)l & 0xffffu) << (16 * (j & 1));
+    lo[j >> 2] |= ((unsigned)l & 0xffu) << (8 * (j & 3));
   }
   float4* out = (float4*)slot;
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    out[c] = float4{__uint_as_float(hi[4 * c]), __uint_as_float(hi[4 * c + 1]), __uint_as_float(hi[4 * c + 2]),
-                    __uint_as_float(hi[4 * c + 3])};
-    out[2 + c] = float4{__uint_as_float(lo[4 * c]), __uint_as_float(lo[4 * c + 1]), __uint_as_float(lo[4 * c + 2]),
-                        __uint_as_float(lo[4 * c + 3])};
-  }
-  slot[AmkXq::STEP] = finite ? step : amk_nan();
+  out[0] = float4{__uint_as_float(hi[0]), __uint_as_float(hi[1]), __uint_as_float(hi[2]), __uint_as_float(hi[3])};
+  out[1] = float4{__uint_as_float(hi[4]), __uint_as_float(hi[5]), __uint_as_float(hi[6]), __uint_as_float(hi[7])};
+  out[2] = float4{__uint_as_float(lo[0]), __uint_as_float(lo[1]), __uint_as_float(lo[2]), __uint_as_float(lo[3])};
+  slot[AmkXq::SCALE] = finite ? m / AmkXq::QMAX : amk_nan();
 }
 // sum_j code_j * x[j] over a 16-byte int8 vector (word i: codes 4i..4i+3) and its packed slice.
-// The hi and lo sums are exact integers (|sum| < 2^27); each is rounded once, converted to float.
+// The sums are exact integers (|a| < 2^27, |b| < 2^19); a's conversion rounds beyond 2^24, then the
+// fma and the step's product round once each.
 AMK_DEVICE float amk_xq_dot(const amk_u32x4& v, const float* slot) {
-  const float4* q = (const float4*)slot;
-  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = ((const float4*)slot)[2];
+  const float scale = slot[AmkXq::SCALE];
   int a = 0, b = 0;
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {  // words 2c, 2c + 1 of the vector: x pairs 4c .. 4c + 3
-    const float4 h = q[c], l = q[2 + c];
-    a = amk_dp2a_lo((unsigned)__float_as_int(h.x), w[2 * c], a), a = amk_dp2a_hi((unsigned)__float_as_int(h.y), w[2 * c], a);
-    a = amk_dp2a_lo((unsigned)__float_as_int(h.z), w[2 * c + 1], a), a = amk_dp2a_hi((unsigned)__float_as_int(h.w), w[2 * c + 1], a);
-    b = amk_dp2a_lo((unsigned)__float_as_int(l.x), w[2 * c], b), b = amk_dp2a_hi((unsigned)__float_as_int(l.y), w[2 * c], b);
-    b = amk_dp2a_lo((unsigned)__float_as_int(l.z), w[2 * c + 1], b), b = amk_dp2a_hi((unsigned)__float_as_int(l.w), w[2 * c + 1], b);
-  }
-  return slot[AmkXq::STEP] * fmaf((float)b, 1.0f / AmkXq::LO_UNIT, (float)a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h0.x), v.x, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.y), v.x, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h0.z), v.y, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.w), v.y, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h1.x), v.z, a), a = amk_dp2a_hi((unsigned)__float_as_int(h1.y), v.z, a);
+  a = amk_dp2a_lo((unsigned)__float_as_int(h1.z), v.w, a), a = amk_dp2a_hi((unsigned)__float_as_int(h1.w), v.w, a);
+  b = amk_dp4a((unsigned)__float_as_int(l.x), v.x, b), b = amk_dp4a((unsigned)__float_as_int(l.y), v.y, b);
+  b = amk_dp4a((unsigned)__float_as_int(l.z), v.z, b), b = amk_dp4a((unsigned)__float_as_int(l.w), v.w, b);
+  return scale * fmaf((float)a, 256.0f, (float)b);
 }
 
 template <> struct AmkWFmt<AMK_DTYPE_I8> {

@@ -35,6 +35,7 @@ from vm_cases import (
     hf_model,
     lowered,
     run_both,
+    xq_bound,
 )
 
 
@@ -88,11 +89,14 @@ def test_gemv(name):
 @pytest.mark.parametrize("name", I8_XQ_CASES)
 def test_gemv_i8_xq(monkeypatch, name, defines):
     """AMK_GEMV_I8_XQ: int8 rows dotted in integers against x packed as 24-bit fixed point a
-    16-column slice (dp2a / dp4a), within the fp32 bound of the ReferenceVM; a task with a tail
-    keeps float x and the scalar rows (i8_channel_tail). Both rows loops."""
+    16-column slice (dp2a / dp4a). Within the fp32 bound of the ReferenceVM widened by the packing's
+    own (xq_bound) where the outputs are the dots; a task with a tail keeps float x and the scalar
+    rows (i8_channel_tail). Both rows loops."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
-    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
+    case = GEMV_CASES[name]
+    prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
+    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])],
+             y_extra=lambda token: xq_bound(case, t, token))
 
 
 @pytest.mark.parametrize("name", Q_MMA_CASES)
