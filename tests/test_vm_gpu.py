@@ -35,7 +35,7 @@ from vm_cases import (
     hf_model,
     lowered,
     run_both,
-    xq_bound,
+    run_i8_xq_case,
 )
 
 
@@ -93,10 +93,7 @@ def test_gemv_i8_xq(monkeypatch, name, defines):
     own (xq_bound) where the outputs are the dots; a task with a tail keeps float x and the scalar
     rows (i8_channel_tail). Both rows loops."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
-    case = GEMV_CASES[name]
-    prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
-    run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])],
-             y_extra=lambda token: xq_bound(case, t, token))
+    run_i8_xq_case(cuda_vm, name, [1, 3, 0, 2])
 
 
 @pytest.mark.parametrize("name", Q_MMA_CASES)

@@ -9,11 +9,13 @@ freedom), half precision within one rounding step.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
 from amk.vm.reference import ReferenceVM
-from programs import Builder, GemvCase, lm_head_program, opd, with_threshold
+from programs import Builder, GemvCase, gemv_program, lm_head_program, opd, with_threshold
 
 K = BufferKind
 TORCH = {DType.F32: torch.float32, DType.BF16: torch.bfloat16, DType.F16: torch.float16}
@@ -146,6 +148,15 @@ def xq_bound(case: GemvCase, tensors: dict, token: int):
     m = x.abs().view(-1, 16).amax(1).repeat_interleave(16)
     w = tensors["w"].double() * tensors["w.scale"].double().repeat_interleave(case.group, 1)
     return (w.abs() * m).sum(1) * 2.0 ** -22
+
+
+def run_i8_xq_case(make_vm, name: str, tokens: list[int]) -> None:
+    """GEMV case `name` on make_vm and the ReferenceVM, output y within close()'s bound widened by
+    xq_bound where it applies (the emulated and the GPU AMK_GEMV_I8_XQ tests)."""
+    case = GEMV_CASES[name]
+    prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
+    run_both(make_vm, prog, t, [(tok, pos) for pos, tok in enumerate(tokens)],
+             y_extra=lambda token: xq_bound(case, t, token))
 
 
 # every int8 case, for AMK_GEMV_I8_XQ (x packed as fixed point where the int8 rows are whole vectors)
