@@ -813,10 +813,8 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #if AMK_GEMV_I8_XQ
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_I8_XQ reads x padded and unrotated, and not with the MMA rows");
 // x can be packed: every column in whole vectors (no tail reads x as floats), each slice in a padded
-// slot of 16 + 4 floats (the loader pads int8 x: gemv_x_pad_shift).
-AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
-  return K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 && xp.shift == 4 && AmkWFmt<AMK_DTYPE_I8>::VEC + xp.pad >= AmkXq::WORDS;
-}
+// slot of 16 + 4 floats (shift 4: the loader pads int8 x, gemv_x_pad_shift; AmkXq::WORDS fit).
+AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) { return K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 && xp.shift == 4; }
 // Whether the task's int8 rows take the vector path against packed x (block-uniform; amk_gemv_rows
 // takes it under the same test).
 AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {

@@ -128,6 +128,7 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 struct AmkXq {
   // words: [0, 8) the high parts (16-bit pairs), [8, 12) the low parts (byte quads), 12 the scale
   static constexpr int LO = 8, SCALE = 12, WORDS = 13;
+  static_assert(WORDS <= 16 + 4, "a packed slice fits the padded slot of a 16-column slice");
   // |q| at most 32767 * 256 - 128 (plus one for rounding): q = 256 hi + lo with lo a signed byte keeps hi
   // inside 16 bits
   static constexpr float QMAX = 8388224.0f;
@@ -159,14 +160,15 @@ AMK_DEVICE void amk_xq_pack(float* slot) {
   float4* out = (float4*)slot;
   out[0] = float4{__uint_as_float(hi[0]), __uint_as_float(hi[1]), __uint_as_float(hi[2]), __uint_as_float(hi[3])};
   out[1] = float4{__uint_as_float(hi[4]), __uint_as_float(hi[5]), __uint_as_float(hi[6]), __uint_as_float(hi[7])};
-  out[2] = float4{__uint_as_float(lo[0]), __uint_as_float(lo[1]), __uint_as_float(lo[2]), __uint_as_float(lo[3])};
+  *(float4*)(slot + AmkXq::LO) = float4{__uint_as_float(lo[0]), __uint_as_float(lo[1]), __uint_as_float(lo[2]),
+                                        __uint_as_float(lo[3])};
   slot[AmkXq::SCALE] = finite ? m / AmkXq::QMAX : amk_nan();
 }
 // sum_j code_j * x[j] over a 16-byte int8 vector (word i: codes 4i..4i+3) and its packed slice.
 // The sums are exact integers (|a| < 2^27, |b| < 2^19); a's conversion rounds beyond 2^24, then the
 // fma and the step's product round once each.
 AMK_DEVICE float amk_xq_dot(const amk_u32x4& v, const float* slot) {
-  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = ((const float4*)slot)[2];
+  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = *(const float4*)(slot + AmkXq::LO);
   const float scale = slot[AmkXq::SCALE];
   int a = 0, b = 0;
   a = amk_dp2a_lo((unsigned)__float_as_int(h0.x), v.x, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.y), v.x, a);
