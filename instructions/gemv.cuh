@@ -810,26 +810,36 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_AHEAD_MULTI 0
 #endif
 
-#if AMK_GEMV_I8_XQ
-static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_I8_XQ reads x padded and unrotated, and not with the MMA rows");
-// x can be packed: every column in whole vectors (no tail reads x as floats), each slice in a padded
-// slot of 16 + 4 floats (shift 4: the loader pads int8 x, gemv_x_pad_shift; AmkXq::WORDS fit).
-AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) { return K % AmkWFmt<AMK_DTYPE_I8>::VEC == 0 && xp.shift == 4; }
-// Whether the task's int8 rows take the vector path against packed x (block-uniform; amk_gemv_rows
-// takes it under the same test).
+#define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
+// Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
+template <int DT>
+constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
+#if AMK_GEMV_XQ
+static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
+// x can be packed for DT: every column in whole vectors (no tail reads x as floats), each slice in a
+// padded slot of VEC + 4 floats (the loader pads quantized x by the vector, gemv_x_pad_shift;
+// AmkXqFmt::WORDS fit).
+template <int DT>
+AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
+  return K % AmkWFmt<DT>::VEC == 0 && xp.shift == (DT == AMK_DTYPE_I8 ? 4 : 5);  // log2(VEC)
+}
+// Whether the task's DT rows take the vector path against packed x (block-uniform; amk_gemv_rows takes
+// it under the same test).
+template <int DT>
 AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {
-  if constexpr (AMK_WITH_GEMV_WDTYPE(AMK_DTYPE_I8)) {
+  if constexpr (amk_xq_on<DT> && AMK_WITH_GEMV_WDTYPE(DT)) {
     AmkGroupOf g;
-    return w.wb->dtype == AMK_DTYPE_I8 && amk_gemv_xq_fits(K, xp) &&
-           amk_gemv_vec_ok<AMK_DTYPE_I8>(w, K, g) && (!pair || amk_gemv_vec_ok<AMK_DTYPE_I8>(w2, K, g));
+    return w.wb->dtype == DT && amk_gemv_xq_fits<DT>(K, xp) && amk_gemv_vec_ok<DT>(w, K, g) &&
+           (!pair || amk_gemv_vec_ok<DT>(w2, K, g));
   } else {
     return false;
   }
 }
-// x in place as fixed point, a 16-column slice a thread at a time (vec.cuh amk_xq_pack).
+// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack).
+template <int DT>
 AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
-  constexpr int VEC = AmkWFmt<AMK_DTYPE_I8>::VEC;
-  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack(xs + v * (VEC + xp.pad));
+  constexpr int VEC = AmkWFmt<DT>::VEC;
+  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
 }
 #endif
 
@@ -838,9 +848,9 @@ template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
-#if AMK_GEMV_I8_XQ
+#if AMK_GEMV_XQ
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
-                   (DT != AMK_DTYPE_I8 || amk_gemv_xq_fits(K, xp));  // (amk_gemv_xq_takes: else x stays float)
+                   (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (amk_gemv_xq_takes: else x stays float)
 #else
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
 #endif
@@ -1069,9 +1079,13 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-#if AMK_GEMV_I8_XQ
-  if (amk_gemv_xq_takes(w, w2, m == 2, K, xp)) {  // (after the shape check; a trace counts it in the rows phase)
-    amk_gemv_xq_pack_x(xs, xp, K);
+#if AMK_GEMV_XQ
+  // (after the shape check; a trace counts the packing in the rows phase)
+  if (amk_gemv_xq_takes<AMK_DTYPE_I8>(w, w2, m == 2, K, xp)) {
+    amk_gemv_xq_pack_x<AMK_DTYPE_I8>(xs, xp, K);
+    amk_syncthreads();
+  } else if (amk_gemv_xq_takes<AMK_DTYPE_U4>(w, w2, m == 2, K, xp)) {
+    amk_gemv_xq_pack_x<AMK_DTYPE_U4>(xs, xp, K);
     amk_syncthreads();
   }
 #endif

@@ -116,60 +116,92 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 // 16-column vector's slice of x, in place, as 24-bit fixed point with the slice's own step
 // (amk_xq_pack), so a weight vector's dot is 8 dp2a (the high 16 bits) and 4 dp4a (the low 8)
 // instead of 16 byte permutes, subtractions and FMAs with 4 shared loads of float x. A slice needs
-// AmkXq::WORDS of the 16 (padded: 20) floats it had. x moves by at most max|x| / 2^24 of its slice
+// AmkXqFmt::WORDS of the 16 (padded: 20) floats it had. x moves by at most max|x| / 2^24 of its slice
 // (an fp32 rounding of the slice's largest element; smaller elements lose bits), so a dot may move
 // by sum_j |w_j| max|x|_slice(j) / 2^24 beyond an fp32 dot's rounding (tests/vm_cases.py xq_bound).
 // A 32-bit form (hi and lo 16-bit, 16 dp2a) met the fp32 bound but lost most of the gain (the int8
 // 1B -0.94 % against -3.44 %, H200). The loader sets it for symmetric int8 loads-ahead builds on NVIDIA
 // targets (vm/loader.py _i8_xq_define); 0 elsewhere.
+// AMK_GEMV_U4_XQ (experiment, 0 = off; item 236): the same for int4, a 32-column slice a vector.
+// A code word's nibbles split into even and odd bytes (two LOP3), each dotted against x in the
+// order they hold: 16 dp2a and 8 dp4a a vector instead of 32 byte moves and FMAs; the zero's term
+// still comes from x's float chunk sums, taken before the packing.
 #ifndef AMK_GEMV_I8_XQ
 #define AMK_GEMV_I8_XQ 0
 #endif
-struct AmkXq {
-  // words: [0, 8) the high parts (16-bit pairs), [8, 12) the low parts (byte quads), 12 the scale
-  static constexpr int LO = 8, SCALE = 12, WORDS = 13;
-  static_assert(WORDS <= 16 + 4, "a packed slice fits the padded slot of a 16-column slice");
-  // |q| at most 32767 * 256 - 128 (plus one for rounding): q = 256 hi + lo with lo a signed byte keeps hi
-  // inside 16 bits
-  static constexpr float QMAX = 8388224.0f;
-  static constexpr int TINY_BITS = 0x1f800000;  // a slice with max|x| under 2^-64 packs as zeros (QMAX / m finite)
+#ifndef AMK_GEMV_U4_XQ
+#define AMK_GEMV_U4_XQ 0
+#endif
+// |q| at most 32767 * 256 - 128 (plus one for rounding): q = 256 hi + lo with lo a signed byte keeps hi
+// inside 16 bits
+constexpr float AMK_XQ_QMAX = 8388224.0f;
+constexpr int AMK_XQ_TINY_BITS = 0x1f800000;  // a slice with max|x| under 2^-64 packs as zeros (QMAX / m finite)
+// A packed slice of a weight format's vector: words [0, LO) the high parts (16-bit pairs: column j's in
+// half hi_half(j) of word hi_word(j)), [LO, SCALE) the low bytes (column j's in byte lo_byte(j) of word
+// LO + lo_word(j)), SCALE the step: the order in which the dot meets the codes.
+template <int DT> struct AmkXqFmt;
+template <> struct AmkXqFmt<AMK_DTYPE_I8> {  // natural order
+  static constexpr int COLS = 16, LO = 8, SCALE = 12, WORDS = 13;
+  static constexpr AMK_DEVICE int hi_word(int j) { return j >> 1; }
+  static constexpr AMK_DEVICE int hi_half(int j) { return j & 1; }
+  static constexpr AMK_DEVICE int lo_word(int j) { return j >> 2; }
+  static constexpr AMK_DEVICE int lo_byte(int j) { return j & 3; }
 };
-// Slice x[0, 16) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
+// Code word i (columns 8i..8i+7, a nibble each) splits into its even nibbles' bytes (columns 8i, 8i+2,
+// 8i+4, 8i+6) and its odd ones'; high words 4i..4i+3 pair the even bytes 0-1, 2-3, then the odd, and
+// low words 2i, 2i+1 hold the even, then the odd columns.
+template <> struct AmkXqFmt<AMK_DTYPE_U4> {
+  static constexpr int COLS = 32, LO = 16, SCALE = 24, WORDS = 25;
+  static constexpr AMK_DEVICE int hi_word(int j) { return 4 * (j >> 3) + 2 * (j & 1) + ((j >> 2) & 1); }
+  static constexpr AMK_DEVICE int hi_half(int j) { return (j >> 1) & 1; }
+  static constexpr AMK_DEVICE int lo_word(int j) { return 2 * (j >> 3) + (j & 1); }
+  static constexpr AMK_DEVICE int lo_byte(int j) { return (j >> 1) & 3; }
+};
+static_assert(AmkXqFmt<AMK_DTYPE_I8>::WORDS <= 16 + 4 && AmkXqFmt<AMK_DTYPE_U4>::WORDS <= 32 + 4,
+              "a packed slice fits the padded slot of its vector's columns");
+// Slice x[0, COLS) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
 // max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
 // the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
+template <int DT>
 AMK_DEVICE void amk_xq_pack(float* slot) {
-  float x[16];
+  using L = AmkXqFmt<DT>;
+  float x[L::COLS];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < L::COLS / 4; ++c) {
     const float4 v = ((const float4*)slot)[c];
     x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
   }
   int mb = 0;  // max |x| by its bits: non-negative floats order as integers, and NaN and inf sort last
 #pragma unroll
-  for (int j = 0; j < 16; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
+  for (int j = 0; j < L::COLS; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
   const bool finite = mb < 0x7f800000;
-  const float m = __int_as_float(mb), inv = finite && mb >= AmkXq::TINY_BITS ? AmkXq::QMAX / m : 0.0f;
-  unsigned hi[8] = {}, lo[4] = {};
+  const float m = __int_as_float(mb), inv = finite && mb >= AMK_XQ_TINY_BITS ? AMK_XQ_QMAX / m : 0.0f;
+  unsigned hi[L::LO] = {}, lo[L::SCALE - L::LO] = {};
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < L::COLS; ++j) {
     // |q| <= QMAX + 1 (two roundings in x * inv), inside 32767 * 256 + 127: no clamp needed
     const int q = amk_f2i_rn(x[j] * inv), l = (int)(signed char)(q & 0xff), h = (q - l) >> 8;
-    hi[j >> 1] |= ((unsigned)h & 0xffffu) << (16 * (j & 1));
-    lo[j >> 2] |= ((unsigned)l & 0xffu) << (8 * (j & 3));
+    hi[L::hi_word(j)] |= ((unsigned)h & 0xffffu) << (16 * L::hi_half(j));
+    lo[L::lo_word(j)] |= ((unsigned)l & 0xffu) << (8 * L::lo_byte(j));
   }
   float4* out = (float4*)slot;
-  out[0] = float4{__uint_as_float(hi[0]), __uint_as_float(hi[1]), __uint_as_float(hi[2]), __uint_as_float(hi[3])};
-  out[1] = float4{__uint_as_float(hi[4]), __uint_as_float(hi[5]), __uint_as_float(hi[6]), __uint_as_float(hi[7])};
-  *(float4*)(slot + AmkXq::LO) = float4{__uint_as_float(lo[0]), __uint_as_float(lo[1]), __uint_as_float(lo[2]),
-                                        __uint_as_float(lo[3])};
-  slot[AmkXq::SCALE] = finite ? m / AmkXq::QMAX : amk_nan();
+#pragma unroll
+  for (int c = 0; c < L::LO / 4; ++c)
+    out[c] = float4{__uint_as_float(hi[4 * c]), __uint_as_float(hi[4 * c + 1]), __uint_as_float(hi[4 * c + 2]),
+                    __uint_as_float(hi[4 * c + 3])};
+#pragma unroll
+  for (int c = 0; c < (L::SCALE - L::LO) / 4; ++c)
+    *(float4*)(slot + L::LO + 4 * c) = float4{__uint_as_float(lo[4 * c]), __uint_as_float(lo[4 * c + 1]),
+                                              __uint_as_float(lo[4 * c + 2]), __uint_as_float(lo[4 * c + 3])};
+  slot[L::SCALE] = finite ? m / AMK_XQ_QMAX : amk_nan();
 }
 // sum_j code_j * x[j] over a 16-byte int8 vector (word i: codes 4i..4i+3) and its packed slice.
 // The sums are exact integers (|a| < 2^27, |b| < 2^19); a's conversion rounds beyond 2^24, then the
 // fma and the step's product round once each.
 AMK_DEVICE float amk_xq_dot(const amk_u32x4& v, const float* slot) {
-  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = *(const float4*)(slot + AmkXq::LO);
-  const float scale = slot[AmkXq::SCALE];
+  using L = AmkXqFmt<AMK_DTYPE_I8>;
+  const float4 h0 = ((const float4*)slot)[0], h1 = ((const float4*)slot)[1], l = *(const float4*)(slot + L::LO);
+  const float scale = slot[L::SCALE];
   int a = 0, b = 0;
   a = amk_dp2a_lo((unsigned)__float_as_int(h0.x), v.x, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.y), v.x, a);
   a = amk_dp2a_lo((unsigned)__float_as_int(h0.z), v.y, a), a = amk_dp2a_hi((unsigned)__float_as_int(h0.w), v.y, a);
@@ -178,6 +210,25 @@ AMK_DEVICE float amk_xq_dot(const amk_u32x4& v, const float* slot) {
   b = amk_dp4a((unsigned)__float_as_int(l.x), v.x, b), b = amk_dp4a((unsigned)__float_as_int(l.y), v.y, b);
   b = amk_dp4a((unsigned)__float_as_int(l.z), v.z, b), b = amk_dp4a((unsigned)__float_as_int(l.w), v.w, b);
   return scale * fmaf((float)a, 256.0f, (float)b);
+}
+// sum_j code_j * x[j] over a 16-byte int4 vector (word i: codes 8i..8i+7, low nibble first) and its
+// packed slice. Codes 0..15 are the same bytes signed or not, so the signed dp2a / dp4a serve. The
+// sums are exact and under 2^24 (|a| <= 32 * 15 * 32767), so a's conversion is exact too.
+AMK_DEVICE float amk_xq_dot_u4(const amk_u32x4& v, const float* slot) {
+  using L = AmkXqFmt<AMK_DTYPE_U4>;
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  const float4 l01 = *(const float4*)(slot + L::LO), l23 = *(const float4*)(slot + L::LO + 4);
+  const float lw[8] = {l01.x, l01.y, l01.z, l01.w, l23.x, l23.y, l23.z, l23.w};
+  int a = 0, b = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned even = w[i] & 0x0F0F0F0Fu, odd = (w[i] >> 4) & 0x0F0F0F0Fu;
+    const float4 h = ((const float4*)slot)[i];
+    a = amk_dp2a_lo((unsigned)__float_as_int(h.x), even, a), a = amk_dp2a_hi((unsigned)__float_as_int(h.y), even, a);
+    a = amk_dp2a_lo((unsigned)__float_as_int(h.z), odd, a), a = amk_dp2a_hi((unsigned)__float_as_int(h.w), odd, a);
+    b = amk_dp4a((unsigned)__float_as_int(lw[2 * i]), even, b), b = amk_dp4a((unsigned)__float_as_int(lw[2 * i + 1]), odd, b);
+  }
+  return slot[L::SCALE] * fmaf((float)a, 256.0f, (float)b);
 }
 
 template <> struct AmkWFmt<AMK_DTYPE_I8> {
@@ -210,6 +261,7 @@ template <> struct AmkWFmt<AMK_DTYPE_U4> {  // element j: word j/8, bits 4*(j%8)
   // 128.0f's mantissa is the float 128 + code (exact), so each element costs one byte move
   // and one FMA; the 128 * xsum taken off at the end cancels ~4 bits (relative error ~1e-6).
   static AMK_DEVICE float dot(const amk_u32x4& v, const float* x, float xsum, AmkXRot<8> rot) {
+    if constexpr (AMK_GEMV_U4_XQ) return amk_xq_dot_u4(v, x);  // x: the packed slice (rot is none: padded x)
     if constexpr (AMK_Q_UNPACK == 2) return amk_qdot_converted<AmkWFmt>(v, x, rot);
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
     float s = 0.0f;

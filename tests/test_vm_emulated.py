@@ -31,11 +31,10 @@ from vm_cases import (
     GEMV_CASES,
     Q_MMA_CASES,
     Q_MMA_DEFINES,
-    I8_XQ_CASES,
-    I8_XQ_DEFINES,
     HALF_WEIGHT_CASES,
     PROMPT,
     UNFUSED,
+    XQ_CASES,
     TORCH,
     argmax_program,
     cast_weights,
@@ -45,7 +44,7 @@ from vm_cases import (
     hf_model,
     lowered,
     run_both,
-    run_i8_xq_case,
+    run_xq_case,
 )
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ (C++20) to build the emulated megakernel")
@@ -85,15 +84,15 @@ def test_gemv(emu, name):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
-@pytest.mark.parametrize("defines", I8_XQ_DEFINES)
-@pytest.mark.parametrize("name", I8_XQ_CASES)
-def test_gemv_i8_xq(emu, monkeypatch, name, defines):
-    """AMK_GEMV_I8_XQ: int8 rows dotted in integers against x packed as 24-bit fixed point a
-    16-column slice (dp2a / dp4a). Within the fp32 bound of the ReferenceVM widened by the packing's
-    own (xq_bound) where the outputs are the dots; a task with a tail keeps float x and the scalar
-    rows (i8_channel_tail). Both rows loops."""
+@pytest.mark.parametrize("name,defines", XQ_CASES)
+def test_gemv_xq(emu, monkeypatch, name, defines):
+    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ: quantized rows dotted in integers against x packed as 24-bit
+    fixed point a vector's slice (dp2a / dp4a). Within the fp32 bound of the ReferenceVM widened by
+    the packing's own (xq_bound) where the outputs are the dots; a task with a tail or an unaligned
+    slab keeps float x and the scalar rows (i8_channel_tail, i8_scalar, u4_scalar_split). Both rows
+    loops."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
-    run_i8_xq_case(emu, name, [1, 3, 0])
+    run_xq_case(emu, name, [1, 3, 0])
 
 
 @pytest.mark.parametrize("name", Q_MMA_CASES)
@@ -252,13 +251,16 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
-@pytest.mark.parametrize("cfg", [dict(quant="int8", quant_group=32, fuse_argmax=True, quant_lm_head=True),
-                                 dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, quant_lm_head=True)])
-def test_lowered_model_i8_xq(emu, monkeypatch, cfg):
-    """AMK_GEMV_I8_XQ in a lowered bf16 model: symmetric int8 with the quantized head writing the
-    argmax pairs, and asymmetric int8 (its zero terms from x's float chunk sums, taken before x is
-    packed) with split-K partials."""
-    monkeypatch.setenv("AMK_VM_DEFINES", I8_XQ_DEFINES[0])
+@pytest.mark.parametrize("defines,cfg", [
+    ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=32, fuse_argmax=True, quant_lm_head=True)),
+    ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, quant_lm_head=True)),
+    ("AMK_GEMV_U4_XQ=1", dict(quant="int4", quant_group=32, quant_lm_head=True)),
+    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2))])
+def test_lowered_model_xq(emu, monkeypatch, defines, cfg):
+    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ in a lowered bf16 model: symmetric int8 with the quantized head
+    writing the argmax pairs, asymmetric int8 (its zero terms from x's float chunk sums, taken before x
+    is packed) with split-K partials, and int4 (zeros always) in both rows loops."""
+    monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 

@@ -22,11 +22,10 @@ from vm_cases import (
     GEMV_CASES,
     Q_MMA_CASES,
     Q_MMA_DEFINES,
-    I8_XQ_CASES,
-    I8_XQ_DEFINES,
     HALF_WEIGHT_CASES,
     LOWERED,
     PROMPT,
+    XQ_CASES,
     argmax_program,
     cast_weights,
     close,
@@ -35,7 +34,7 @@ from vm_cases import (
     hf_model,
     lowered,
     run_both,
-    run_i8_xq_case,
+    run_xq_case,
 )
 
 
@@ -85,15 +84,15 @@ def test_gemv(name):
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 
 
-@pytest.mark.parametrize("defines", I8_XQ_DEFINES)
-@pytest.mark.parametrize("name", I8_XQ_CASES)
-def test_gemv_i8_xq(monkeypatch, name, defines):
-    """AMK_GEMV_I8_XQ: int8 rows dotted in integers against x packed as 24-bit fixed point a
-    16-column slice (dp2a / dp4a). Within the fp32 bound of the ReferenceVM widened by the packing's
-    own (xq_bound) where the outputs are the dots; a task with a tail keeps float x and the scalar
-    rows (i8_channel_tail). Both rows loops."""
+@pytest.mark.parametrize("name,defines", XQ_CASES)
+def test_gemv_xq(monkeypatch, name, defines):
+    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ: quantized rows dotted in integers against x packed as 24-bit
+    fixed point a vector's slice (dp2a / dp4a). Within the fp32 bound of the ReferenceVM widened by
+    the packing's own (xq_bound) where the outputs are the dots; a task with a tail or an unaligned
+    slab keeps float x and the scalar rows (i8_channel_tail, i8_scalar, u4_scalar_split). Both rows
+    loops."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
-    run_i8_xq_case(cuda_vm, name, [1, 3, 0, 2])
+    run_xq_case(cuda_vm, name, [1, 3, 0, 2])
 
 
 @pytest.mark.parametrize("name", Q_MMA_CASES)

@@ -14,6 +14,7 @@ import zlib
 import torch
 
 from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
+from amk.instructions.semantics import unpack_u4
 from amk.vm.reference import ReferenceVM
 from programs import Builder, GemvCase, gemv_program, lm_head_program, opd, with_threshold
 
@@ -135,34 +136,37 @@ Q_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_spli
                "u4_g128_split", "i8_g64_short_k"]
 Q_MMA_DEFINES = "AMK_GEMV_I8_MMA=1,AMK_GEMV_U4_MMA=1"
 def xq_bound(case: GemvCase, tensors: dict, token: int):
-    """How far AMK_GEMV_I8_XQ's packed x may move each output of an int8 GEMV case whose outputs are
-    its dots (STORE or ADD, unquantized bias): sum_j |w_rj| m(j) 2^-22, m(j) the largest |x| of
-    column j's 16-column slice (instructions/vec.cuh amk_xq_pack moves x by m / 2^24; 4x that for
-    the roundings of its step). None for the other epilogues and for K not in whole slices, whose
-    outputs keep close()'s bound."""
-    if case.epilogue not in (Epilogue.STORE, Epilogue.ADD) or case.k % 16:
+    """How far AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ's packed x may move each output of a quantized GEMV case
+    whose outputs are its dots (STORE or ADD, unquantized bias): sum_j |s_g(j) c_rj| m(j) 2^-22, c the
+    codes, s their group's scale and m(j) the largest |x| of column j's slice (16 columns for int8, 32
+    for int4; instructions/vec.cuh amk_xq_pack moves x by m / 2^24; 4x that for the roundings of its
+    step). An int4 zero's term is summed from float x, untouched. None for the other epilogues and for
+    K not in whole slices, whose outputs keep close()'s bound."""
+    cols = {"i8": 16, "u4": 32}[case.quant]
+    if case.epilogue not in (Epilogue.STORE, Epilogue.ADD) or case.k % cols:
         return None
     x = tensors["x_table"][token].double()
     if case.norm_eps is not None:
         x = x * torch.rsqrt((x * x).mean() + case.norm_eps) * tensors["gamma"].double()
-    m = x.abs().view(-1, 16).amax(1).repeat_interleave(16)
-    w = tensors["w"].double() * tensors["w.scale"].double().repeat_interleave(case.group, 1)
+    m = x.abs().view(-1, cols).amax(1).repeat_interleave(cols)
+    codes = tensors["w"] if case.quant == "i8" else unpack_u4(tensors["w"], case.rows * case.k).view(case.rows, case.k)
+    w = codes.double() * tensors["w.scale"].double().repeat_interleave(case.group, 1)
     return (w.abs() * m).sum(1) * 2.0 ** -22
 
 
-def run_i8_xq_case(make_vm, name: str, tokens: list[int]) -> None:
+def run_xq_case(make_vm, name: str, tokens: list[int]) -> None:
     """GEMV case `name` on make_vm and the ReferenceVM, output y within close()'s bound widened by
-    xq_bound where it applies (the emulated and the GPU AMK_GEMV_I8_XQ tests)."""
+    xq_bound where it applies (the emulated and the GPU AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ tests)."""
     case = GEMV_CASES[name]
     prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
     run_both(make_vm, prog, t, [(tok, pos) for pos, tok in enumerate(tokens)],
              y_extra=lambda token: xq_bound(case, t, token))
 
 
-# every int8 case, for AMK_GEMV_I8_XQ (x packed as fixed point where the int8 rows are whole vectors)
-I8_XQ_CASES = [name for name, case in GEMV_CASES.items() if case.quant == "i8"]
-# both rows loops: the plain one and the loads-ahead one (the 1B builds')
-I8_XQ_DEFINES = ["AMK_GEMV_I8_XQ=1", "AMK_GEMV_I8_XQ=1,AMK_GEMV_LOADS_AHEAD=1"]
+# every quantized case, for AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ (x packed as fixed point where the
+# quantized rows are whole vectors), each in both rows loops: the plain one and the loads-ahead one
+XQ_CASES = [(name, f"AMK_GEMV_{case.quant.upper()}_XQ=1{ahead}") for name, case in GEMV_CASES.items()
+            if case.quant for ahead in ("", ",AMK_GEMV_LOADS_AHEAD=1")]
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the
