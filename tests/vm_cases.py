@@ -13,8 +13,8 @@ import zlib
 
 import torch
 
-from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
 from amk.instructions.semantics import unpack_u4
+from amk.schedule.ir import AddParams, BufferKind, DType, Epilogue
 from amk.vm.reference import ReferenceVM
 from programs import Builder, GemvCase, gemv_program, lm_head_program, opd, with_threshold
 
@@ -135,15 +135,17 @@ GEMV_CASES = {
 Q_MMA_CASES = ["i8_long_k", "i8_two_rounds", "i8_pair_rows_rounds", "i8_g64_split", "i8_large_x", "u4_g128_pair",
                "u4_g128_split", "i8_g64_short_k"]
 Q_MMA_DEFINES = "AMK_GEMV_I8_MMA=1,AMK_GEMV_U4_MMA=1"
+
+
 def xq_bound(case: GemvCase, tensors: dict, token: int):
     """How far AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ's packed x may move each output of a quantized GEMV case
     whose outputs are its dots (STORE or ADD, unquantized bias): sum_j |s_g(j) c_rj| m(j) 2^-22, c the
     codes, s their group's scale and m(j) the largest |x| of column j's slice (16 columns for int8, 32
     for int4; instructions/vec.cuh amk_xq_pack moves x by m / 2^24; 4x that for the roundings of its
-    step). An int4 zero's term is summed from float x, untouched. None for the other epilogues and for
-    K not in whole slices, whose outputs keep close()'s bound."""
+    step). An int4 zero's term is summed from float x, untouched. None for the other epilogues, for
+    K not in whole slices and for half-precision outputs, which keep close()'s bound."""
     cols = {"i8": 16, "u4": 32}[case.quant]
-    if case.epilogue not in (Epilogue.STORE, Epilogue.ADD) or case.k % cols:
+    if case.epilogue not in (Epilogue.STORE, Epilogue.ADD) or case.k % cols or case.out_dtype != DType.F32:
         return None
     x = tensors["x_table"][token].double()
     if case.norm_eps is not None:
@@ -167,6 +169,7 @@ def run_xq_case(make_vm, name: str, tokens: list[int]) -> None:
 # quantized rows are whole vectors), each in both rows loops: the plain one and the loads-ahead one
 XQ_CASES = [(name, f"AMK_GEMV_{case.quant.upper()}_XQ=1{ahead}") for name, case in GEMV_CASES.items()
             if case.quant for ahead in ("", ",AMK_GEMV_LOADS_AHEAD=1")]
+
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 
 # ARGMAX's ties and NaNs (torch.argmax: the first maximal index; NaN is maximal): rows of the
