@@ -814,8 +814,6 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 // Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
 template <int DT>
 constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
-#if AMK_GEMV_XQ
-static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
 // x can be packed for DT: every column in whole vectors (no tail reads x as floats), each slice in a
 // padded slot of VEC + 4 floats (the loader pads quantized x by the vector, gemv_x_pad_shift;
 // AmkXqFmt::WORDS fit).
@@ -823,6 +821,8 @@ template <int DT>
 AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
   return K % AmkWFmt<DT>::VEC == 0 && xp.shift == (DT == AMK_DTYPE_I8 ? 4 : 5);  // log2(VEC)
 }
+#if AMK_GEMV_XQ
+static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
 // Whether the task's DT rows take the vector path against packed x (block-uniform; amk_gemv_rows takes
 // it under the same test).
 template <int DT>
@@ -848,12 +848,8 @@ template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
-#if AMK_GEMV_XQ
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
                    (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (amk_gemv_xq_takes: else x stays float)
-#else
-  const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2));
-#endif
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_WHOLE_VECS
   if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
