@@ -509,23 +509,32 @@ def test_pack_whole_vecs_define(cfg, want):
     assert loader.PackedProgram(prog).defines.get("AMK_GEMV_WHOLE_VECS") == want
 
 
-@pytest.mark.parametrize("cfg,target,want", [(dict(gemv_loads_ahead=True, quant="int8"), "h100", 1),
-                                             (dict(gemv_loads_ahead=True, quant="int8", quant_lm_head=True), "h100", 1),
+@pytest.mark.parametrize("cfg,target,want", [(dict(gemv_loads_ahead=True, quant="int8"), "h100", ("I8", 1)),
+                                             (dict(gemv_loads_ahead=True, quant="int8", quant_lm_head=True), "h100",
+                                              ("I8", 1)),
+                                             (dict(gemv_loads_ahead=True, quant="int4"), "h100", ("U4", 1)),
+                                             (dict(gemv_loads_ahead=True, quant="int4", quant_lm_head=True), "h100",
+                                              ("U4", 1)),
                                              (dict(gemv_loads_ahead=False, quant="int8"), "h100", None),
+                                             (dict(gemv_loads_ahead=False, quant="int4"), "h100", None),
                                              (dict(gemv_loads_ahead=True, quant="int8", quant_group=32, quant_asym=True),
                                               "h100", None),
                                              (dict(gemv_loads_ahead=True, quant="int8", quant_unpack=2), "h100", None),
-                                             (dict(gemv_loads_ahead=True, quant="int4"), "h100", None),
+                                             (dict(gemv_loads_ahead=True, quant="int4", quant_unpack=2), "h100", None),
                                              (dict(gemv_loads_ahead=True), "h100", None),
-                                             (dict(gemv_loads_ahead=True, quant="int8"), "mi300x", None)])
-def test_pack_i8_xq_define(cfg, target, want):
-    """x is packed for integer int8 dots (AMK_GEMV_I8_XQ) only in loads-ahead builds (eval/PERF_NOTES.md
-    item 235: the int8 1B gained, the plain loop's int8 SmolLM2 shape lost) of symmetric int8 weights
-    on NVIDIA targets (dp2a), with the default code unpacking."""
+                                             (dict(gemv_loads_ahead=True, quant="int8"), "mi300x", None),
+                                             (dict(gemv_loads_ahead=True, quant="int4"), "mi300x", None)])
+def test_pack_xq_define(cfg, target, want):
+    """x is packed for integer dots (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ) only in loads-ahead builds
+    (eval/PERF_NOTES.md items 235 and 236: the int8 and int4 1B gained, the plain loop's int8 SmolLM2
+    shape lost) of symmetric int8 or int4 weights on NVIDIA targets (dp2a), with the default code
+    unpacking; never both."""
     from vm_cases import lowered
 
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", target=target, **cfg)
-    assert loader.PackedProgram(prog).defines.get("AMK_GEMV_I8_XQ") == want
+    defines = loader.PackedProgram(prog).defines
+    got = [(fmt, defines[f"AMK_GEMV_{fmt}_XQ"]) for fmt in ("I8", "U4") if f"AMK_GEMV_{fmt}_XQ" in defines]
+    assert got == ([want] if want else [])
 
 
 @pytest.mark.parametrize("model,kv_capacity,cfg,want", [("llama-gqa-tied", 64, {}, None),

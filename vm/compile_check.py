@@ -48,11 +48,11 @@ SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x0
                # float or symmetric int8 weights the loader leaves the rows' tail out of it (_whole_vecs_define)
                "bf16_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1,
                               "AMK_GEMV_WHOLE_VECS": 1},
-               # and, with symmetric int8 weights, x packed as fixed point for integer dots (_i8_xq_define)
+               # and, with symmetric int8 or int4 weights, x packed as fixed point for integer dots (_xq_define)
                "int8_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1, "AMK_GEMV_WHOLE_VECS": 1, "AMK_GEMV_I8_XQ": 1},
                "int4_ahead": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
-                              "AMK_GEMV_LOADS_AHEAD": 1},
+                              "AMK_GEMV_LOADS_AHEAD": 1, "AMK_GEMV_U4_XQ": 1},
                # ScheduleConfig.o_proj_kv_slices: no ATTN_COMBINE op; the o-proj's combine prologue and
                # the MLP's reads of x with partials
                "bf16_oslices": {"AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_OPS": 0x445,

@@ -333,7 +333,7 @@ class PackedProgram:
                         **_score_block_define(program, gemv_wdtypes),
                         **_only_wide_define(program, by_id, gemv_wdtypes), **_only_vec_define(program, by_id),
                         **_whole_vecs_define(program, by_id, gemv_wdtypes),
-                        **_k_ahead_define(program, by_id, gemv_wdtypes), **_i8_xq_define(program, gemv_wdtypes)}
+                        **_k_ahead_define(program, by_id, gemv_wdtypes), **_xq_define(program, gemv_wdtypes)}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -540,19 +540,22 @@ def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes:
     return {"AMK_GEMV_WHOLE_VECS": 1} if all(gemv_whole_vecs(t, by_id) for t in gemvs) else {}
 
 
-def _i8_xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
-    """AMK_GEMV_I8_XQ where the GEMVs take the loads-ahead loop with symmetric int8 weights on an
-    NVIDIA target: x packed once a task as 24-bit fixed point, the rows dotted by dp2a / dp4a
-    (instructions/vec.cuh; eval/PERF_NOTES.md item 235: the int8 1B -3.44 % on the H200). Not the
-    plain loop's programs, whose short tasks pay the packing pass for little (the int8 SmolLM2 shape
-    +3.6 % with a costlier form); not asymmetric int8, not measured; not AMD targets (no dp2a);
-    not where x is left unpadded (AMK_GEMV_XPAD=0) or the program names a code unpack strategy."""
-    if (DType.I8 not in gemv_wdtypes or DType.U4 in gemv_wdtypes or _has_i8_zeros(program)
+def _xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
+    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ where the GEMVs take the loads-ahead loop with one quantized
+    weight format (symmetric int8, or int4) on an NVIDIA target: x packed once a task as 24-bit fixed
+    point, the rows dotted by dp2a / dp4a (instructions/vec.cuh; eval/PERF_NOTES.md items 235 and 236:
+    the int8 1B -3.44 %, the int4 1B -4.69 % on the H200). Not the plain loop's programs, whose short
+    tasks pay the packing pass for little (the int8 SmolLM2 shape +3.6 % with a costlier form; the
+    plain int4 build spills with it); not asymmetric int8 nor int8 beside int4, not measured; not AMD
+    targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program names a code
+    unpack strategy."""
+    quantized = gemv_wdtypes & {DType.I8, DType.U4}
+    if (len(quantized) != 1 or _has_i8_zeros(program)
             or program.target.vendor != "nvidia" or _vm_meta(program).get("gemv_loads_ahead") is not True
             or not experiment_defines().get("AMK_GEMV_XPAD", 1)
             or any(t.params.op == Op.GEMV and t.params.unpack != 0 for t in program.tasks)):
         return {}
-    return {"AMK_GEMV_I8_XQ": 1}
+    return {"AMK_GEMV_I8_XQ" if DType.I8 in quantized else "AMK_GEMV_U4_XQ": 1}
 
 
 def _has_i8_zeros(program: Program) -> bool:
