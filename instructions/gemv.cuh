@@ -684,6 +684,50 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 #endif
 
+#define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
+// AMK_GEMV_XQ_UNDER_LOADS (experiment, 0 = off; eval/PERF_NOTES.md item 237): the packing pass of
+// x (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ) runs inside the rows, in the loads-ahead loop after a lane's
+// first round of weight loads is issued, so that it runs under their latency instead of ahead of
+// them; 0 packs before the rows (items 235, 236 as measured). Either way a task packs x once.
+#ifndef AMK_GEMV_XQ_UNDER_LOADS
+#define AMK_GEMV_XQ_UNDER_LOADS 0
+#endif
+// Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
+template <int DT>
+constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
+// x can be packed for DT: every column in whole vectors (no tail reads x as floats), each slice in a
+// padded slot of VEC + 4 floats (the loader pads quantized x by the vector, gemv_x_pad_shift;
+// AmkXqFmt::WORDS fit).
+constexpr AMK_DEVICE int amk_log2_const(int v) { return v > 1 ? 1 + amk_log2_const(v >> 1) : 0; }
+template <int DT>
+AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
+  constexpr int VEC = AmkWFmt<DT>::VEC, LG = amk_log2_const(VEC);
+  return K % VEC == 0 && xp.shift == LG;
+}
+// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack).
+template <int DT>
+AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
+  constexpr int VEC = AmkWFmt<DT>::VEC;
+  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
+}
+#if AMK_GEMV_XQ
+static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
+#endif
+#if AMK_GEMV_XQ && !AMK_GEMV_XQ_UNDER_LOADS
+// Whether the task's DT rows take the vector path against packed x (block-uniform; amk_gemv_rows takes
+// it under the same test).
+template <int DT>
+AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {
+  if constexpr (amk_xq_on<DT> && AMK_WITH_GEMV_WDTYPE(DT)) {
+    AmkGroupOf g;
+    return w.wb->dtype == DT && amk_gemv_xq_fits<DT>(K, xp) && amk_gemv_vec_ok<DT>(w, K, g) &&
+           (!pair || amk_gemv_vec_ok<DT>(w2, K, g));
+  } else {
+    return false;
+  }
+}
+#endif
+
 // AMK_GEMV_LOADS_AHEAD (0 = off): a warp issues its next round's loads (of the row, or of its
 // next row; quantized: with their scales and zeros) as soon as this round's sums are done,
 // before the row's tail, reduction and store, so those run under the loads' latency instead of
@@ -701,9 +745,10 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.) Its default (0) is in common.cuh.
 
+// pack_x: pack x for DT's integer dots (AMK_GEMV_XQ_UNDER_LOADS) once the first loads are out
 template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, const float* xs,
-                                    AmkXPad xp, const float* xsums, float* acc, int rows, int K) {
+AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, float* xs,
+                                    AmkXPad xp, const float* xsums, float* acc, int rows, int K, bool pack_x) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = amk_quant_w<DT>, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
@@ -752,6 +797,12 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   const char* p1 = row_of(w, r);
   const char* p2 = PAIR ? row_of(w2, r) : nullptr;
   issue(p1, p2, r, r < rows, 0);
+  if constexpr (amk_xq_on<DT> && AMK_GEMV_XQ_UNDER_LOADS) {
+    if (pack_x) {  // (block-uniform) under the first loads' latency
+      amk_gemv_xq_pack_x<DT>(xs, xp, K);
+      amk_syncthreads();
+    }
+  }
   // the loop's bounds after the first loads are out (r < rows implies steps > 0), so that their
   // divisions run under the loads' latency (ahead of them, they cost a task of one row a lane
   // group the time its first round waits for)
@@ -810,43 +861,13 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 #define AMK_GEMV_AHEAD_MULTI 0
 #endif
 
-#define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
-// Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
-template <int DT>
-constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
-// x can be packed for DT: every column in whole vectors (no tail reads x as floats), each slice in a
-// padded slot of VEC + 4 floats (the loader pads quantized x by the vector, gemv_x_pad_shift;
-// AmkXqFmt::WORDS fit).
-template <int DT>
-AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
-  return K % AmkWFmt<DT>::VEC == 0 && xp.shift == (DT == AMK_DTYPE_I8 ? 4 : 5);  // log2(VEC)
-}
-#if AMK_GEMV_XQ
-static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
-// Whether the task's DT rows take the vector path against packed x (block-uniform; amk_gemv_rows takes
-// it under the same test).
-template <int DT>
-AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {
-  if constexpr (amk_xq_on<DT> && AMK_WITH_GEMV_WDTYPE(DT)) {
-    AmkGroupOf g;
-    return w.wb->dtype == DT && amk_gemv_xq_fits<DT>(K, xp) && amk_gemv_vec_ok<DT>(w, K, g) &&
-           (!pair || amk_gemv_vec_ok<DT>(w2, K, g));
-  } else {
-    return false;
-  }
-}
-// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack).
-template <int DT>
-AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
-  constexpr int VEC = AmkWFmt<DT>::VEC;
-  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
-}
-#endif
 
 // Rows [0, rows) of the task into acc; false where this build left their path out.
+// pack_x: pack x for DT's integer dots where the rows take them (AMK_GEMV_XQ_UNDER_LOADS; false on a
+// second pass over x already packed)
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
-                              float* acc, int rows, int K) {
+                              float* acc, int rows, int K, bool pack_x) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
                    (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (amk_gemv_xq_takes: else x stays float)
@@ -865,7 +886,7 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   constexpr bool ahead_loop = !(AMK_GEMV_I8_ZERO && DT == AMK_DTYPE_I8);  // (asymmetric int8 has none)
   if constexpr (AMK_GEMV_LOADS_AHEAD && ahead_loop) {
     if (vec) {
-      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
+      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K, pack_x);
       return true;
     }
   }
@@ -873,12 +894,18 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   if constexpr (!AMK_GEMV_LOADS_AHEAD && ahead_loop) {
     // rows a step of all the block's lane groups: warps x (warp size / lanes a row)
     if (vec && rows > AMK_GEMV_AHEAD_MULTI * (amk_nwarps() * (AMK_WARP_SIZE >> amk_log2_pow2(amk_gemv_lanes<DT, PAIR>(K))))) {
-      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K);
+      amk_gemv_rows_ahead<DT, PAIR>(w, w2, grp, xs, xp, xsums, acc, rows, K, pack_x);
       return true;
     }
   }
 #endif
   if (vec) {
+    if constexpr (amk_xq_on<DT> && AMK_GEMV_XQ_UNDER_LOADS) {
+      if (pack_x) {  // (block-uniform; this loop issues no loads ahead)
+        amk_gemv_xq_pack_x<DT>(xs, xp, K);
+        amk_syncthreads();
+      }
+    }
     const int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L), per_warp = AMK_WARP_SIZE >> lg;
     const int sub = amk_lane() & (L - 1);  // (shifts and masks: no division ahead of the first loads)
 #pragma unroll 1
@@ -913,9 +940,9 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
 // false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                 const float* xsums, float* acc, int rows, int K) {
+                                 const float* xsums, float* acc, int rows, int K, bool pack_x) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
-    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
   } else {
     return false;
   }
@@ -923,13 +950,13 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* x
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                  const float* xsums, float* acc, int rows, int K) {
+                                  const float* xsums, float* acc, int rows, int K, bool pack_x) {
   switch (w.wb->dtype) {
-    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
-    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K);
+    case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
+    case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
+    case AMK_DTYPE_F16: return amk_gemv_rows_if<AMK_DTYPE_F16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
+    case AMK_DTYPE_I8: return amk_gemv_rows_if<AMK_DTYPE_I8, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
+    case AMK_DTYPE_U4: return amk_gemv_rows_if<AMK_DTYPE_U4, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
     default: return false;
   }
 }
@@ -1075,7 +1102,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-#if AMK_GEMV_XQ
+#if AMK_GEMV_XQ && !AMK_GEMV_XQ_UNDER_LOADS
   // (after the shape check; a trace counts the packing in the rows phase)
   if (amk_gemv_xq_takes<AMK_DTYPE_I8>(w, w2, m == 2, K, xp)) {
     amk_gemv_xq_pack_x<AMK_DTYPE_I8>(xs, xp, K);
@@ -1092,15 +1119,15 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     amk_syncthreads();
   }
 #endif
-  const auto rows_pass = [&]() {
-    return m == 2 ? amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K)
-                  : amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K);
+  const auto rows_pass = [&](bool pack_x) {
+    return m == 2 ? amk_gemv_dispatch<true>(w, w2, xs, xp, xsums, acc, rows, K, pack_x)
+                  : amk_gemv_dispatch<false>(w, w, xs, xp, xsums, acc, rows, K, pack_x);
   };
-  bool ok = rows_pass();
+  bool ok = rows_pass(true);
 #if AMK_DIAG_ROWS_TWICE
   amk_syncthreads();
   amk_trace_mark(c, 1);  // rows done from memory; the same again (acc rewritten with the same sums)
-  ok = ok && rows_pass();
+  ok = ok && rows_pass(false);  // (x is packed already where the rows packed it)
 #endif
   if (!ok) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, w.wb->dtype);

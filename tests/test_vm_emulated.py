@@ -141,6 +141,16 @@ def test_gemv_rows_twice(emu, monkeypatch, name, ahead):
     run_both(emu, prog, t, [(1, 0), (3, 1)])
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
+@pytest.mark.parametrize("name,xq", [("i8_pair_rows_rounds", "AMK_GEMV_I8_XQ=1"), ("u4_vec_split", "AMK_GEMV_U4_XQ=1")])
+def test_gemv_rows_twice_xq_under_loads(emu, monkeypatch, name, xq, ahead):
+    """AMK_DIAG_ROWS_TWICE with x packed inside the rows (AMK_GEMV_XQ_UNDER_LOADS): the second pass
+    reads the x the first packed and packs it no more (packing it twice fails these)."""
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_DIAG_ROWS_TWICE=1,AMK_GEMV_LOADS_AHEAD={ahead},{xq},"
+                                         "AMK_GEMV_XQ_UNDER_LOADS=1")
+    run_xq_case(emu, name, [1, 3])
+
+
 @pytest.mark.parametrize("dtype", [DType.BF16, DType.F16])
 @pytest.mark.parametrize("name", HALF_WEIGHT_CASES)
 def test_gemv_half_weights(emu, name, dtype):
@@ -255,11 +265,15 @@ def test_lowered_model(emu, cfg):
     ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=32, fuse_argmax=True, quant_lm_head=True)),
     ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, quant_lm_head=True)),
     ("AMK_GEMV_U4_XQ=1", dict(quant="int4", quant_group=32, quant_lm_head=True)),
-    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2))])
+    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2)),
+    ("AMK_GEMV_I8_XQ=1,AMK_GEMV_LOADS_AHEAD=1,AMK_GEMV_XQ_UNDER_LOADS=1", dict(quant="int8", quant_group=32)),
+    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1,AMK_GEMV_XQ_UNDER_LOADS=1",
+     dict(quant="int4", quant_group=64, split_k=2, quant_lm_head=True))])
 def test_lowered_model_xq(emu, monkeypatch, defines, cfg):
     """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ in a lowered bf16 model: symmetric int8 with the quantized head
     writing the argmax pairs, asymmetric int8 (its zero terms from x's float chunk sums, taken before x
-    is packed) with split-K partials, and int4 (zeros always) in both rows loops."""
+    is packed) with split-K partials, and int4 (zeros always) in both rows loops; x packed ahead of the
+    rows or under their first loads (AMK_GEMV_XQ_UNDER_LOADS)."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
