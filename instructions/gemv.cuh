@@ -685,13 +685,10 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 #endif
 
 #define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
-// AMK_GEMV_XQ_UNDER_LOADS (experiment, 0 = off; eval/PERF_NOTES.md item 237): the packing pass of
-// x (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ) runs inside the rows, in the loads-ahead loop after a lane's
-// first round of weight loads is issued, so that it runs under their latency instead of ahead of
-// them; 0 packs before the rows (items 235, 236 as measured). Either way a task packs x once.
-#ifndef AMK_GEMV_XQ_UNDER_LOADS
-#define AMK_GEMV_XQ_UNDER_LOADS 0
-#endif
+// The rows pack x themselves (amk_gemv_rows: those that take the vector path, so the test is the
+// rows' own), and the loads-ahead loop does it after a lane's first round of weight loads is
+// issued, so the pass runs under their latency (eval/PERF_NOTES.md item 237: packing before the
+// rows, as items 235 and 236 measured, cost the int8 1B +1.3 % and the int4 1B +0.9 % on the H200).
 // Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
 template <int DT>
 constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
@@ -704,28 +701,35 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
   constexpr int VEC = AmkWFmt<DT>::VEC, LG = amk_log2_const(VEC);
   return K % VEC == 0 && xp.shift == LG;
 }
-// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack).
+// AMK_GEMV_XQ_PACK_LANES (experiment, 1 = off; eval/PERF_NOTES.md item 238): up to this many
+// lanes share a slice's packing (4 or 2, whichever lets every slice have its lanes in one pass of
+// the block), where a thread a slice would leave most of the block idle: the 1B's K = 2048 is 128
+// int8 or 64 int4 slices for 256 threads, so the pack's latency is a thread's 16 or 32 columns.
+#ifndef AMK_GEMV_XQ_PACK_LANES
+#define AMK_GEMV_XQ_PACK_LANES 1
+#endif
+static_assert(AMK_GEMV_XQ_PACK_LANES == 1 || AMK_GEMV_XQ_PACK_LANES == 2 || AMK_GEMV_XQ_PACK_LANES == 4,
+              "AMK_GEMV_XQ_PACK_LANES is 1, 2 or 4");
+// x in place as fixed point, a vector's slice a thread (or PARTS lanes) at a time (vec.cuh amk_xq_pack).
+template <int DT, int PARTS>
+AMK_DEVICE void amk_gemv_xq_pack_parts(float* xs, int stride, int n) {  // n * PARTS <= blockDim.x
+  const int v = threadIdx.x / PARTS;
+  amk_xq_pack<DT, PARTS>(xs + v * stride, threadIdx.x & (PARTS - 1), v < n);
+}
 template <int DT>
 AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
   constexpr int VEC = AmkWFmt<DT>::VEC;
-  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
+  const int n = K / VEC, stride = VEC + xp.pad;
+  if constexpr (AMK_GEMV_XQ_PACK_LANES >= 4) {
+    if (4 * n <= (int)blockDim.x) return amk_gemv_xq_pack_parts<DT, 4>(xs, stride, n);
+  }
+  if constexpr (AMK_GEMV_XQ_PACK_LANES >= 2) {
+    if (2 * n <= (int)blockDim.x) return amk_gemv_xq_pack_parts<DT, 2>(xs, stride, n);
+  }
+  for (int v = threadIdx.x; v < n; v += blockDim.x) amk_xq_pack<DT>(xs + v * stride);
 }
 #if AMK_GEMV_XQ
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
-#endif
-#if AMK_GEMV_XQ && !AMK_GEMV_XQ_UNDER_LOADS
-// Whether the task's DT rows take the vector path against packed x (block-uniform; amk_gemv_rows takes
-// it under the same test).
-template <int DT>
-AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pair, int K, AmkXPad xp) {
-  if constexpr (amk_xq_on<DT> && AMK_WITH_GEMV_WDTYPE(DT)) {
-    AmkGroupOf g;
-    return w.wb->dtype == DT && amk_gemv_xq_fits<DT>(K, xp) && amk_gemv_vec_ok<DT>(w, K, g) &&
-           (!pair || amk_gemv_vec_ok<DT>(w2, K, g));
-  } else {
-    return false;
-  }
-}
 #endif
 
 // AMK_GEMV_LOADS_AHEAD (0 = off): a warp issues its next round's loads (of the row, or of its
@@ -745,7 +749,7 @@ AMK_DEVICE bool amk_gemv_xq_takes(const AmkGemvW& w, const AmkGemvW& w2, bool pa
 // holding a round's loads for both loops spilled at sm_90's 254 registers even in the plain
 // loop, so the loops share only the vector dot, amk_gemv_vec_acc.) Its default (0) is in common.cuh.
 
-// pack_x: pack x for DT's integer dots (AMK_GEMV_XQ_UNDER_LOADS) once the first loads are out
+// pack_x: pack x for DT's integer dots (amk_xq_on) once the first loads are out
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, float* xs,
                                     AmkXPad xp, const float* xsums, float* acc, int rows, int K, bool pack_x) {
@@ -797,7 +801,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   const char* p1 = row_of(w, r);
   const char* p2 = PAIR ? row_of(w2, r) : nullptr;
   issue(p1, p2, r, r < rows, 0);
-  if constexpr (amk_xq_on<DT> && AMK_GEMV_XQ_UNDER_LOADS) {
+  if constexpr (amk_xq_on<DT>) {
     if (pack_x) {  // (block-uniform) under the first loads' latency
       amk_gemv_xq_pack_x<DT>(xs, xp, K);
       amk_syncthreads();
@@ -863,14 +867,14 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 
 
 // Rows [0, rows) of the task into acc; false where this build left their path out.
-// pack_x: pack x for DT's integer dots where the rows take them (AMK_GEMV_XQ_UNDER_LOADS; false on a
-// second pass over x already packed)
+// pack_x: pack x for DT's integer dots where the rows take them (amk_xq_on; false on a second pass
+// over x already packed)
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
                               float* acc, int rows, int K, bool pack_x) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
-                   (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (amk_gemv_xq_takes: else x stays float)
+                   (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (else x stays float: the scalar rows)
   constexpr int m = PAIR ? 2 : 1;
 #if AMK_GEMV_WHOLE_VECS
   if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
@@ -900,7 +904,7 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   }
 #endif
   if (vec) {
-    if constexpr (amk_xq_on<DT> && AMK_GEMV_XQ_UNDER_LOADS) {
+    if constexpr (amk_xq_on<DT>) {
       if (pack_x) {  // (block-uniform; this loop issues no loads ahead)
         amk_gemv_xq_pack_x<DT>(xs, xp, K);
         amk_syncthreads();
@@ -1102,16 +1106,6 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
     if (threadIdx.x == 0) amk_report(c, AMK_ERR_SHAPE, w.wb->dtype, w2.wb->dtype);
     return;
   }
-#if AMK_GEMV_XQ && !AMK_GEMV_XQ_UNDER_LOADS
-  // (after the shape check; a trace counts the packing in the rows phase)
-  if (amk_gemv_xq_takes<AMK_DTYPE_I8>(w, w2, m == 2, K, xp)) {
-    amk_gemv_xq_pack_x<AMK_DTYPE_I8>(xs, xp, K);
-    amk_syncthreads();
-  } else if (amk_gemv_xq_takes<AMK_DTYPE_U4>(w, w2, m == 2, K, xp)) {
-    amk_gemv_xq_pack_x<AMK_DTYPE_U4>(xs, xp, K);
-    amk_syncthreads();
-  }
-#endif
 #if AMK_GEMV_Q_MMA
   if (amk_gemv_q_mma_takes(w, w2, K)) {  // (after the shape check; a trace counts it in the rows phase)
     if (w.wb->dtype == AMK_DTYPE_U4) amk_gemv_split_x<AmkMmaFmt<AMK_DTYPE_U4>::SPAN>(xs, xp, K);

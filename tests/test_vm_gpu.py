@@ -236,7 +236,22 @@ def test_same_bits_defines(monkeypatch, model, quant, defines):
     attention splits of 8-position blocks (3 of them hold rows by the end, so the combine sums
     real splits): logits bit-identical with and without the define, and within tolerance of the
     ReferenceVM in fp32 (so both builds are right, not only alike)."""
-    quant_cfg = {None: {}, "int8": {"quant": "int8"}, "int8_ahead": {"quant": "int8", "gemv_loads_ahead": True}}
+    same_bits(monkeypatch, model, quant, defines)
+
+
+# where the GEMVs pack x for integer dots (the loader's int8 and int4 loads-ahead builds): how many
+# lanes share a slice (eval/PERF_NOTES.md item 238), never what the pack writes
+@pytest.mark.parametrize("defines", ["AMK_GEMV_XQ_PACK_LANES=4"])
+@pytest.mark.parametrize("quant", ["int8_ahead", "int4_ahead"])
+@pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
+def test_same_bits_xq_defines(monkeypatch, model, quant, defines):
+    """As test_same_bits_defines, for the packing's experiments in the builds that pack x."""
+    same_bits(monkeypatch, model, quant, defines)
+
+
+def same_bits(monkeypatch, model, quant, defines):
+    quant_cfg = {None: {}, "int8": {"quant": "int8"}, "int8_ahead": {"quant": "int8", "gemv_loads_ahead": True},
+                 "int4_ahead": {"quant": "int4", "gemv_loads_ahead": True}}
     cfg = dict(kv_splits=4, kv_block=8, **quant_cfg[quant])
     prog, t = lowered(model, dtype="bfloat16", **cfg)
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
