@@ -701,32 +701,12 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
   constexpr int VEC = AmkWFmt<DT>::VEC, LG = amk_log2_const(VEC);
   return K % VEC == 0 && xp.shift == LG;
 }
-// AMK_GEMV_XQ_PACK_LANES (experiment, 1 = off; eval/PERF_NOTES.md item 238): up to this many
-// lanes share a slice's packing (4 or 2, whichever lets every slice have its lanes in one pass of
-// the block), where a thread a slice would leave most of the block idle: the 1B's K = 2048 is 128
-// int8 or 64 int4 slices for 256 threads, so the pack's latency is a thread's 16 or 32 columns.
-#ifndef AMK_GEMV_XQ_PACK_LANES
-#define AMK_GEMV_XQ_PACK_LANES 1
-#endif
-static_assert(AMK_GEMV_XQ_PACK_LANES == 1 || AMK_GEMV_XQ_PACK_LANES == 2 || AMK_GEMV_XQ_PACK_LANES == 4,
-              "AMK_GEMV_XQ_PACK_LANES is 1, 2 or 4");
-// x in place as fixed point, a vector's slice a thread (or PARTS lanes) at a time (vec.cuh amk_xq_pack).
-template <int DT, int PARTS>
-AMK_DEVICE void amk_gemv_xq_pack_parts(float* xs, int stride, int n) {  // n * PARTS <= blockDim.x
-  const int v = threadIdx.x / PARTS;
-  amk_xq_pack<DT, PARTS>(xs + v * stride, threadIdx.x & (PARTS - 1), v < n);
-}
+// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). (Sharing a
+// slice among 2 or 4 lanes, so that more of the block packs, lost: eval/PERF_NOTES.md item 238.)
 template <int DT>
 AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
   constexpr int VEC = AmkWFmt<DT>::VEC;
-  const int n = K / VEC, stride = VEC + xp.pad;
-  if constexpr (AMK_GEMV_XQ_PACK_LANES >= 4) {
-    if (4 * n <= (int)blockDim.x) return amk_gemv_xq_pack_parts<DT, 4>(xs, stride, n);
-  }
-  if constexpr (AMK_GEMV_XQ_PACK_LANES >= 2) {
-    if (2 * n <= (int)blockDim.x) return amk_gemv_xq_pack_parts<DT, 2>(xs, stride, n);
-  }
-  for (int v = threadIdx.x; v < n; v += blockDim.x) amk_xq_pack<DT>(xs + v * stride);
+  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
 }
 #if AMK_GEMV_XQ
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");

@@ -142,11 +142,8 @@ constexpr int AMK_XQ_TINY_BITS = 0x1f800000;  // a slice with max|x| under 2^-64
 // half hi_half(j) of word hi_word(j)), [LO, SCALE) the low bytes (column j's in byte lo_byte(j) of word
 // LO + lo_word(j)), SCALE the step: the order in which the dot meets the codes.
 template <int DT> struct AmkXqFmt;
-// The layout repeats every PERIOD columns (a low word's): columns [p, p + PERIOD) of a slice, p a
-// multiple of PERIOD, take high words hi_word(p) + hi_word(j) and low words lo_word(p) + lo_word(j)
-// for j in [0, PERIOD), so a lane packing a part of the slice packs it as a slice of its own.
 template <> struct AmkXqFmt<AMK_DTYPE_I8> {  // natural order
-  static constexpr int COLS = 16, LO = 8, SCALE = 12, WORDS = 13, PERIOD = 4;
+  static constexpr int COLS = 16, LO = 8, SCALE = 12, WORDS = 13;
   static constexpr AMK_DEVICE int hi_word(int j) { return j >> 1; }
   static constexpr AMK_DEVICE int hi_half(int j) { return j & 1; }
   static constexpr AMK_DEVICE int lo_word(int j) { return j >> 2; }
@@ -156,7 +153,7 @@ template <> struct AmkXqFmt<AMK_DTYPE_I8> {  // natural order
 // 8i+4, 8i+6) and its odd ones'; high words 4i..4i+3 pair the even bytes 0-1, 2-3, then the odd, and
 // low words 2i, 2i+1 hold the even, then the odd columns.
 template <> struct AmkXqFmt<AMK_DTYPE_U4> {
-  static constexpr int COLS = 32, LO = 16, SCALE = 24, WORDS = 25, PERIOD = 8;
+  static constexpr int COLS = 32, LO = 16, SCALE = 24, WORDS = 25;
   static constexpr AMK_DEVICE int hi_word(int j) { return 4 * (j >> 3) + 2 * (j & 1) + ((j >> 2) & 1); }
   static constexpr AMK_DEVICE int hi_half(int j) { return (j >> 1) & 1; }
   static constexpr AMK_DEVICE int lo_word(int j) { return 2 * (j >> 3) + (j & 1); }
@@ -164,58 +161,41 @@ template <> struct AmkXqFmt<AMK_DTYPE_U4> {
 };
 static_assert(AmkXqFmt<AMK_DTYPE_I8>::WORDS <= 16 + 4 && AmkXqFmt<AMK_DTYPE_U4>::WORDS <= 32 + 4,
               "a packed slice fits the padded slot of its vector's columns");
-// n words from w to dst, 16 or 8 bytes a store where n allows (dst aligned to that)
-template <int N>
-AMK_DEVICE void amk_store_words(float* dst, const unsigned* w) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int c = 0; c < N / 4; ++c)
-      ((float4*)dst)[c] = float4{__uint_as_float(w[4 * c]), __uint_as_float(w[4 * c + 1]), __uint_as_float(w[4 * c + 2]),
-                                 __uint_as_float(w[4 * c + 3])};
-  } else if constexpr (N % 2 == 0) {
-#pragma unroll
-    for (int c = 0; c < N / 2; ++c) ((float2*)dst)[c] = float2{__uint_as_float(w[2 * c]), __uint_as_float(w[2 * c + 1])};
-  } else {
-#pragma unroll
-    for (int c = 0; c < N; ++c) dst[c] = __uint_as_float(w[c]);
-  }
-}
 // Slice x[0, COLS) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
 // max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
 // the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
-// PARTS > 1: PARTS aligned lanes of a warp share the slice, lane `part` its columns [part C, part C + C)
-// (every lane of the warp calls it; an inactive one packs nothing). Each lane's reads of x are done
-// before its shuffles, and its writes come after them: a lane's writes land on its partners' columns.
-template <int DT, int PARTS = 1>
-AMK_DEVICE void amk_xq_pack(float* slot, int part = 0, bool active = true) {
+template <int DT>
+AMK_DEVICE void amk_xq_pack(float* slot) {
   using L = AmkXqFmt<DT>;
-  constexpr int C = L::COLS / PARTS, H = L::LO / PARTS, B = (L::SCALE - L::LO) / PARTS;
-  static_assert(C % L::PERIOD == 0 && C % 4 == 0, "a part is whole periods of the layout");
-  float x[C];
+  float x[L::COLS];
 #pragma unroll
-  for (int c = 0; c < C / 4; ++c) {
-    const float4 v = active ? ((const float4*)(slot + part * C))[c] : float4{0.0f, 0.0f, 0.0f, 0.0f};
+  for (int c = 0; c < L::COLS / 4; ++c) {
+    const float4 v = ((const float4*)slot)[c];
     x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
   }
   int mb = 0;  // max |x| by its bits: non-negative floats order as integers, and NaN and inf sort last
 #pragma unroll
-  for (int j = 0; j < C; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
-#pragma unroll
-  for (int m = 1; m < PARTS; m <<= 1) mb = max(mb, amk_shfl_xor_int(mb, m));
+  for (int j = 0; j < L::COLS; ++j) mb = max(mb, __float_as_int(x[j]) & 0x7fffffff);
   const bool finite = mb < 0x7f800000;
   const float m = __int_as_float(mb), inv = finite && mb >= AMK_XQ_TINY_BITS ? AMK_XQ_QMAX / m : 0.0f;
-  unsigned hi[H] = {}, lo[B] = {};
+  unsigned hi[L::LO] = {}, lo[L::SCALE - L::LO] = {};
 #pragma unroll
-  for (int j = 0; j < C; ++j) {
+  for (int j = 0; j < L::COLS; ++j) {
     // |q| <= QMAX + 1 (two roundings in x * inv), inside 32767 * 256 + 127: no clamp needed
     const int q = amk_f2i_rn(x[j] * inv), l = (int)(signed char)(q & 0xff), h = (q - l) >> 8;
     hi[L::hi_word(j)] |= ((unsigned)h & 0xffffu) << (16 * L::hi_half(j));
     lo[L::lo_word(j)] |= ((unsigned)l & 0xffu) << (8 * L::lo_byte(j));
   }
-  if (!active) return;
-  amk_store_words<H>(slot + part * H, hi);
-  amk_store_words<B>(slot + L::LO + part * B, lo);
-  if (part == 0) slot[L::SCALE] = finite ? m / AMK_XQ_QMAX : amk_nan();
+  float4* out = (float4*)slot;
+#pragma unroll
+  for (int c = 0; c < L::LO / 4; ++c)
+    out[c] = float4{__uint_as_float(hi[4 * c]), __uint_as_float(hi[4 * c + 1]), __uint_as_float(hi[4 * c + 2]),
+                    __uint_as_float(hi[4 * c + 3])};
+#pragma unroll
+  for (int c = 0; c < (L::SCALE - L::LO) / 4; ++c)
+    *(float4*)(slot + L::LO + 4 * c) = float4{__uint_as_float(lo[4 * c]), __uint_as_float(lo[4 * c + 1]),
+                                              __uint_as_float(lo[4 * c + 2]), __uint_as_float(lo[4 * c + 3])};
+  slot[L::SCALE] = finite ? m / AMK_XQ_QMAX : amk_nan();
 }
 // sum_j code_j * x[j] over a 16-byte int8 vector (word i: codes 4i..4i+3) and its packed slice.
 // The sums are exact integers (|a| < 2^27, |b| < 2^19); a's conversion rounds beyond 2^24, then the

@@ -267,13 +267,11 @@ def test_lowered_model(emu, cfg):
     ("AMK_GEMV_U4_XQ=1", dict(quant="int4", quant_group=32, quant_lm_head=True)),
     ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2)),
     ("AMK_GEMV_I8_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int8", quant_group=32)),
-    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1,AMK_GEMV_XQ_PACK_LANES=4",
-     dict(quant="int4", quant_group=64, split_k=2, quant_lm_head=True))])
+    ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2, quant_lm_head=True))])
 def test_lowered_model_xq(emu, monkeypatch, defines, cfg):
     """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ in a lowered bf16 model: symmetric int8 with the quantized head
     writing the argmax pairs, asymmetric int8 (its zero terms from x's float chunk sums, taken before x
-    is packed) with split-K partials, and int4 (zeros always) in both rows loops; x packed a thread a
-    slice or by 4 lanes a slice (AMK_GEMV_XQ_PACK_LANES)."""
+    is packed) with split-K partials, and int4 (zeros always) in both rows loops."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
@@ -444,23 +442,6 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
         assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
         assert torch.equal(a["next_token"], b["next_token"])
-
-
-@pytest.mark.parametrize("quant,xq", [("int8", "AMK_GEMV_I8_XQ"), ("int4", "AMK_GEMV_U4_XQ")])
-@pytest.mark.parametrize("lanes", [2, 4])
-def test_xq_pack_lanes_give_the_same_bits(tmp_path, monkeypatch, quant, xq, lanes):
-    """Where x is packed for integer dots (the loads-ahead loop's int8 and int4 builds), how many lanes
-    share a slice (AMK_GEMV_XQ_PACK_LANES; the model's K of 64 and 96 is 2 to 6 slices for 64
-    threads) changes nothing the pack writes: the same bits, step after step."""
-    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant=quant,
-                      quant_group=32)
-    defines = {**knob_defines(prog), xq: 1, "AMK_GEMV_LOADS_AHEAD": 1}
-    base = EmuVM(prog, t, build(tmp_path, defines))
-    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_GEMV_XQ_PACK_LANES": lanes}))
-    for pos, tok in enumerate(PROMPT):
-        a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
-        assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
 
 
 def build_macros(defines: dict, unforced: str = "") -> dict[str, str]:

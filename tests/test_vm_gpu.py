@@ -228,28 +228,15 @@ SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
 
 
 @pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
-@pytest.mark.parametrize("quant", [None, "int8", "int8_ahead"])
+@pytest.mark.parametrize("quant", [None, "int8", "int8_ahead", "int4_ahead"])
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
 def test_same_bits_defines(monkeypatch, model, quant, defines):
     """A bf16 model (its specialized build, as benches run it; float or int8 weights, int8 in the
-    plain GEMV loop's build and in the loads-ahead loop's) over 40 steps, each a launch, with 4
+    plain GEMV loop's build and in the loads-ahead loop's, and int4 in the loads-ahead loop's: the
+    quantized loads-ahead builds pack x for integer dots) over 40 steps, each a launch, with 4
     attention splits of 8-position blocks (3 of them hold rows by the end, so the combine sums
     real splits): logits bit-identical with and without the define, and within tolerance of the
     ReferenceVM in fp32 (so both builds are right, not only alike)."""
-    same_bits(monkeypatch, model, quant, defines)
-
-
-# where the GEMVs pack x for integer dots (the loader's int8 and int4 loads-ahead builds): how many
-# lanes share a slice (eval/PERF_NOTES.md item 238), never what the pack writes
-@pytest.mark.parametrize("defines", ["AMK_GEMV_XQ_PACK_LANES=4"])
-@pytest.mark.parametrize("quant", ["int8_ahead", "int4_ahead"])
-@pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
-def test_same_bits_xq_defines(monkeypatch, model, quant, defines):
-    """As test_same_bits_defines, for the packing's experiments in the builds that pack x."""
-    same_bits(monkeypatch, model, quant, defines)
-
-
-def same_bits(monkeypatch, model, quant, defines):
     quant_cfg = {None: {}, "int8": {"quant": "int8"}, "int8_ahead": {"quant": "int8", "gemv_loads_ahead": True},
                  "int4_ahead": {"quant": "int4", "gemv_loads_ahead": True}}
     cfg = dict(kv_splits=4, kv_block=8, **quant_cfg[quant])

@@ -166,11 +166,9 @@ def run_xq_case(make_vm, name: str, tokens: list[int]) -> None:
 
 
 # every quantized case, for AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ (x packed as fixed point where the
-# quantized rows are whole vectors), each in both rows loops (the plain one and the loads-ahead one),
-# x packed a thread a slice or by up to 4 lanes a slice (AMK_GEMV_XQ_PACK_LANES)
-XQ_CASES = [(name, f"AMK_GEMV_{case.quant.upper()}_XQ=1{ahead}{lanes}") for name, case in GEMV_CASES.items()
-            if case.quant for ahead in ("", ",AMK_GEMV_LOADS_AHEAD=1")
-            for lanes in ("", ",AMK_GEMV_XQ_PACK_LANES=4")]
+# quantized rows are whole vectors), each in both rows loops: the plain one and the loads-ahead one
+XQ_CASES = [(name, f"AMK_GEMV_{case.quant.upper()}_XQ=1{ahead}") for name, case in GEMV_CASES.items()
+            if case.quant for ahead in ("", ",AMK_GEMV_LOADS_AHEAD=1")]
 
 HALF_WEIGHT_CASES = ["store", "silu_mul", "split_k_tail", "long_k", "rope_head_norm"]
 

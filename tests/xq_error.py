@@ -2,13 +2,14 @@
 build defines: the figures eval/PERF_NOTES.md item 235 gives for AMK_GEMV_I8_XQ's packed x.
 
     python tests/xq_error.py i8_large_x "" AMK_GEMV_I8_XQ=1
-    python tests/xq_error.py --lowered "AMK_GEMV_I8_XQ=1"   # fp32 int8 loads-ahead models, packed by the loader
+    python tests/xq_error.py --lowered ""   # fp32 int8 and int4 loads-ahead models, packed by the loader
 
 Per define set (one emulated build each; needs g++) and GEMV case of tests/vm_cases.py GEMV_CASES,
 over four steps: the worst |got - want| as a share of close()'s bound (1e-4 + 1e-4 |want|), the same
 against that bound widened by xq_bound, and the worst error of the VM and of the ReferenceVM against
 the fp64 dot (relative to 1 + |y|; int8 STORE cases). --lowered: the logits of the lowered smollm2-like
-and llama-gqa-tied models with int8 weights in the loads-ahead loop, against close()'s bound.
+and llama-gqa-tied models with int8 and int4 weights in the loads-ahead loop (packed by the loader),
+against close()'s bound.
 A diagnostic script, not a test.
 """
 
@@ -59,15 +60,16 @@ def gemv_errors(name: str, out: Path) -> str:
 
 def lowered_errors(out: Path) -> list[str]:
     lines = []
-    for model in ("smollm2-like", "llama-gqa-tied"):
-        prog, t = lowered(model, kv_splits=4, kv_block=8, quant="int8", gemv_loads_ahead=True, max_queues=4,
+    for model, quant in [(m, q) for q in ("int8", "int4") for m in ("smollm2-like", "llama-gqa-tied")]:
+        prog, t = lowered(model, kv_splits=4, kv_block=8, quant=quant, gemv_loads_ahead=True, max_queues=4,
                           threads_per_block=64)
         defines = {**PackedProgram(prog).defines, **knob_defines(prog)}
         vm, ref = EmuVM(prog, t, build(out, defines)), ReferenceVM(prog, t)
         got = torch.stack([vm.run_step(tok, pos)["logits"].cpu() for pos, tok in enumerate(PROMPT)]).double()
         want = ref.logits_for(PROMPT).double()
         err = share((got.reshape(want.shape) - want).abs(), 1e-4 + 1e-4 * want.abs())
-        lines.append(f"{model} (AMK_GEMV_I8_XQ={defines.get('AMK_GEMV_I8_XQ', 0)}): worst / close()'s bound {err:.3f}")
+        xq = "AMK_GEMV_I8_XQ" if quant == "int8" else "AMK_GEMV_U4_XQ"
+        lines.append(f"{model} {quant} ({xq}={defines.get(xq, 0)}): worst / close()'s bound {err:.3f}")
     return lines
 
 

@@ -32,9 +32,6 @@ struct amk_dim3 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
-struct alignas(8) float2 {
-  float x, y;
-};
 
 struct AmkEmuBlock {
   explicit AmkEmuBlock(int threads, int smem_bytes)
