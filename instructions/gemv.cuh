@@ -685,24 +685,24 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 #endif
 
 #define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
-// The rows pack x themselves (amk_gemv_rows: those that take the vector path, so the test is the
-// rows' own), and the loads-ahead loop does it after a lane's first round of weight loads is
-// issued, so the pass runs under their latency (eval/PERF_NOTES.md item 237: packing before the
-// rows, as items 235 and 236 measured, cost the int8 1B +1.3 % and the int4 1B +0.9 % on the H200).
 // Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
 template <int DT>
 constexpr bool amk_xq_on = (DT == AMK_DTYPE_I8 && AMK_GEMV_I8_XQ) || (DT == AMK_DTYPE_U4 && AMK_GEMV_U4_XQ);
+constexpr AMK_DEVICE int amk_log2_const(int v) { return v > 1 ? 1 + amk_log2_const(v >> 1) : 0; }
 // x can be packed for DT: every column in whole vectors (no tail reads x as floats), each slice in a
 // padded slot of VEC + 4 floats (the loader pads quantized x by the vector, gemv_x_pad_shift;
 // AmkXqFmt::WORDS fit).
-constexpr AMK_DEVICE int amk_log2_const(int v) { return v > 1 ? 1 + amk_log2_const(v >> 1) : 0; }
 template <int DT>
 AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
   constexpr int VEC = AmkWFmt<DT>::VEC, LG = amk_log2_const(VEC);
   return K % VEC == 0 && xp.shift == LG;
 }
-// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). (Sharing a
-// slice among 2 or 4 lanes, so that more of the block packs, lost: eval/PERF_NOTES.md item 238.)
+// x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). The rows
+// call it themselves (amk_gemv_rows: those that take the vector path, so the test is the rows'
+// own), the loads-ahead loop after a lane's first round of weight loads is issued, so the pass
+// runs under their latency (eval/PERF_NOTES.md item 237: packing before the rows, as items 235 and
+// 236 measured, cost the int8 1B +1.3 % and the int4 1B +0.9 % on the H200). Sharing a slice among
+// 2 or 4 lanes, so that more of the block packs, lost (item 238).
 template <int DT>
 AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
   constexpr int VEC = AmkWFmt<DT>::VEC;

@@ -122,12 +122,12 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 // A 32-bit form (hi and lo 16-bit, 16 dp2a) met the fp32 bound but lost most of the gain (the int8
 // 1B -0.94 % against -3.44 %, H200). The loader sets it for symmetric int8 loads-ahead builds on NVIDIA
 // targets (vm/loader.py _xq_define); 0 elsewhere.
-// The GEMV rows pack x themselves, under their first weight loads (gemv.cuh amk_gemv_rows, item 237).
 // AMK_GEMV_U4_XQ (item 236): the same for int4, a 32-column slice a vector (the int4 1B -4.69 %,
 // H200); the loader sets it for int4 loads-ahead builds on NVIDIA targets, 0 elsewhere.
 // A code word's nibbles split into even and odd bytes (two LOP3), each dotted against x in the
 // order they hold: 16 dp2a and 8 dp4a a vector instead of 32 byte moves and FMAs; the zero's term
 // still comes from x's float chunk sums, taken before the packing.
+// The GEMV rows pack x themselves, under their first weight loads (gemv.cuh amk_gemv_xq_pack_x).
 #ifndef AMK_GEMV_I8_XQ
 #define AMK_GEMV_I8_XQ 0
 #endif
