@@ -684,6 +684,28 @@ AMK_DEVICE void amk_gemv_rows_q_mma(const AmkGemvW& w, const AmkGemvW& w2, const
 }
 #endif
 
+// xsums[v] = the sum of xs over columns 32v..32v+31, for each whole chunk v < K / 32. A lane
+// adds 8 columns (two 16-byte loads: x's padding, if any, comes after 16 or 32 columns, so the
+// 8 are contiguous and aligned) and 4 lanes a chunk by two shuffles: a warp takes 8 chunks at
+// once (a 32-lane warp; 16 on a 64-lane one). Before, a warp took one chunk at a time, each by a
+// five-shuffle reduction: 32 such rounds a warp for the 8192 columns of a 1B down task (int4 1B
+// 1468.7 -> 1395.3 us, -5.0 %, paired; eval/PERF_NOTES.md item 133).
+AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K) {
+  constexpr int per_lane = 8, lanes = AMK_XSUM_CHUNK / per_lane;
+  const int chunks = K / AMK_XSUM_CHUNK, span = AMK_WARP_SIZE / lanes;  // chunks a warp takes at once
+  for (int c0 = amk_warp() * span; c0 < chunks; c0 += amk_nwarps() * span) {  // warp-uniform
+    const int v = c0 + amk_lane() / lanes;
+    float sum = 0.0f;
+    if (v < chunks) {
+      const float4* p = (const float4*)(xs + xp.at(v * AMK_XSUM_CHUNK + (amk_lane() % lanes) * per_lane));
+      const float4 a = p[0], b = p[1];
+      sum = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+    }
+    for (int m = lanes / 2; m > 0; m >>= 1) sum += amk_shfl_xor(sum, m);
+    if (v < chunks && amk_lane() % lanes == 0) xsums[v] = sum;
+  }
+}
+
 #define AMK_GEMV_XQ (AMK_GEMV_I8_XQ || AMK_GEMV_U4_XQ)
 // Whether this build dots DT's rows against packed x (vec.cuh AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ).
 template <int DT>
@@ -697,6 +719,16 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
   constexpr int VEC = AmkWFmt<DT>::VEC, LG = amk_log2_const(VEC);
   return K % VEC == 0 && xp.shift == LG;
 }
+// AMK_GEMV_XQ_XSUMS (experiment, 0 = off; eval/PERF_NOTES.md item 239): where int4 rows pack x
+// (AMK_GEMV_U4_XQ), the pack also writes x's chunk sums (a slice is one chunk), the same bits, so
+// the prologue's own pass over x and its barrier go: the sums are taken under the first loads with
+// the rest of the pack. (Only the vector rows read the sums: the scalar rows add each code's zero.)
+#ifndef AMK_GEMV_XQ_XSUMS
+#define AMK_GEMV_XQ_XSUMS 0
+#endif
+// Whether DT's rows take x's chunk sums themselves (AMK_GEMV_XQ_XSUMS), not the prologue.
+template <int DT>
+constexpr bool amk_gemv_rows_sum_x = DT == AMK_DTYPE_U4 && amk_xq_on<DT> && AMK_GEMV_XQ_XSUMS;
 // x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). The rows
 // call it themselves (amk_gemv_rows: those that take the vector path, so the test is the rows'
 // own), the loads-ahead loop after a lane's first round of weight loads is issued, so the pass
@@ -704,9 +736,10 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
 // 236 measured, cost the int8 1B +1.3 % and the int4 1B +0.9 % on the H200). Sharing a slice among
 // 2 or 4 lanes, so that more of the block packs, lost (item 238).
 template <int DT>
-AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, int K) {
+AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, float* xsums, int K) {
   constexpr int VEC = AmkWFmt<DT>::VEC;
-  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x) amk_xq_pack<DT>(xs + v * (VEC + xp.pad));
+  for (int v = threadIdx.x; v < K / VEC; v += blockDim.x)
+    amk_xq_pack<DT, amk_gemv_rows_sum_x<DT>>(xs + v * (VEC + xp.pad), xsums + v);
 }
 #if AMK_GEMV_XQ
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
@@ -732,7 +765,7 @@ static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and
 // pack_x: pack x for DT's integer dots (amk_xq_on) once the first loads are out
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, float* xs,
-                                    AmkXPad xp, const float* xsums, float* acc, int rows, int K, bool pack_x) {
+                                    AmkXPad xp, float* xsums, float* acc, int rows, int K, bool pack_x) {
   using F = AmkWFmt<DT>;
   constexpr bool Q = amk_quant_w<DT>, Z = DT == AMK_DTYPE_U4;
   constexpr int U = AmkGemvUnroll<DT, PAIR>::value, m = PAIR ? 2 : 1;
@@ -783,7 +816,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
   issue(p1, p2, r, r < rows, 0);
   if constexpr (amk_xq_on<DT>) {
     if (pack_x) {  // (block-uniform) under the first loads' latency
-      amk_gemv_xq_pack_x<DT>(xs, xp, K);
+      amk_gemv_xq_pack_x<DT>(xs, xp, xsums, K);
       amk_syncthreads();
     }
   }
@@ -850,7 +883,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
 // pack_x: pack x for DT's integer dots where the rows take them (amk_xq_on; false on a second pass
 // over x already packed)
 template <int DT, bool PAIR>
-AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, const float* xsums,
+AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp, float* xsums,
                               float* acc, int rows, int K, bool pack_x) {
   AmkGroupOf grp, grp2;  // w2 has the same group and k_lo, so the same mapping
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
@@ -886,7 +919,7 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   if (vec) {
     if constexpr (amk_xq_on<DT>) {
       if (pack_x) {  // (block-uniform; this loop issues no loads ahead)
-        amk_gemv_xq_pack_x<DT>(xs, xp, K);
+        amk_gemv_xq_pack_x<DT>(xs, xp, xsums, K);
         amk_syncthreads();
       }
     }
@@ -924,7 +957,7 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
 // false if not.
 template <int DT, bool PAIR>
 AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                 const float* xsums, float* acc, int rows, int K, bool pack_x) {
+                                 float* xsums, float* acc, int rows, int K, bool pack_x) {
   if constexpr (AMK_WITH_GEMV_WDTYPE(DT)) {
     return amk_gemv_rows<DT, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
   } else {
@@ -934,7 +967,7 @@ AMK_DEVICE bool amk_gemv_rows_if(const AmkGemvW& w, const AmkGemvW& w2, float* x
 
 template <bool PAIR>
 AMK_DEVICE bool amk_gemv_dispatch(const AmkGemvW& w, const AmkGemvW& w2, float* xs, AmkXPad xp,
-                                  const float* xsums, float* acc, int rows, int K, bool pack_x) {
+                                  float* xsums, float* acc, int rows, int K, bool pack_x) {
   switch (w.wb->dtype) {
     case AMK_DTYPE_F32: return amk_gemv_rows_if<AMK_DTYPE_F32, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
     case AMK_DTYPE_BF16: return amk_gemv_rows_if<AMK_DTYPE_BF16, PAIR>(w, w2, xs, xp, xsums, acc, rows, K, pack_x);
@@ -968,28 +1001,6 @@ AMK_DEVICE void amk_gemv_combine_x(const AmkCtx& c, AmkCombineShape cs, float* x
   const int ydt = amk_buf(c, c.t->out[0]).dtype;
   const auto out = amk_combine_outputs(pb.ptr, po, cw, den, cs, [&](int i, float v) { xs[xp.at(i)] = amk_round(ydt, v); });
   if (!amk_float_dispatch(pb.dtype, out) && threadIdx.x == 0) amk_report(c, AMK_ERR_DTYPE, pb.dtype);
-}
-
-// xsums[v] = the sum of xs over columns 32v..32v+31, for each whole chunk v < K / 32. A lane
-// adds 8 columns (two 16-byte loads: x's padding, if any, comes after 16 or 32 columns, so the
-// 8 are contiguous and aligned) and 4 lanes a chunk by two shuffles: a warp takes 8 chunks at
-// once (a 32-lane warp; 16 on a 64-lane one). Before, a warp took one chunk at a time, each by a
-// five-shuffle reduction: 32 such rounds a warp for the 8192 columns of a 1B down task (int4 1B
-// 1468.7 -> 1395.3 us, -5.0 %, paired; eval/PERF_NOTES.md item 133).
-AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K) {
-  constexpr int per_lane = 8, lanes = AMK_XSUM_CHUNK / per_lane;
-  const int chunks = K / AMK_XSUM_CHUNK, span = AMK_WARP_SIZE / lanes;  // chunks a warp takes at once
-  for (int c0 = amk_warp() * span; c0 < chunks; c0 += amk_nwarps() * span) {  // warp-uniform
-    const int v = c0 + amk_lane() / lanes;
-    float sum = 0.0f;
-    if (v < chunks) {
-      const float4* p = (const float4*)(xs + xp.at(v * AMK_XSUM_CHUNK + (amk_lane() % lanes) * per_lane));
-      const float4 a = p[0], b = p[1];
-      sum = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
-    }
-    for (int m = lanes / 2; m > 0; m >>= 1) sum += amk_shfl_xor(sum, m);
-    if (v < chunks && amk_lane() % lanes == 0) xsums[v] = sum;
-  }
 }
 
 // The setup before wait() reads the task record and buffer descriptors only.
@@ -1076,7 +1087,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
-  if (amk_gemv_needs_xsums(w)) {
+  if (amk_gemv_needs_xsums(w) && !(amk_gemv_rows_sum_x<AMK_DTYPE_U4> && w.wb->dtype == AMK_DTYPE_U4)) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }

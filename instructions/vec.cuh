@@ -164,14 +164,26 @@ static_assert(AmkXqFmt<AMK_DTYPE_I8>::WORDS <= 16 + 4 && AmkXqFmt<AMK_DTYPE_U4>:
 // Slice x[0, COLS) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
 // max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
 // the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
-template <int DT>
-AMK_DEVICE void amk_xq_pack(float* slot) {
+// xsum (SUM): also the slice's sum of x, in the order of gemv.cuh amk_gemv_xsums (8-column trees, then
+// the lanes' sums as its shuffles add them), so the same bits.
+template <int DT, bool SUM = false>
+AMK_DEVICE void amk_xq_pack(float* slot, float* xsum = nullptr) {
   using L = AmkXqFmt<DT>;
   float x[L::COLS];
 #pragma unroll
   for (int c = 0; c < L::COLS / 4; ++c) {
     const float4 v = ((const float4*)slot)[c];
     x[4 * c] = v.x, x[4 * c + 1] = v.y, x[4 * c + 2] = v.z, x[4 * c + 3] = v.w;
+  }
+  if constexpr (SUM) {
+    static_assert(L::COLS == 32, "a slice is one chunk of x's sums: four lanes' 8 columns each");
+    float part[4];
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const float* e = x + 8 * l;
+      part[l] = ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+    }
+    *xsum = (part[0] + part[2]) + (part[1] + part[3]);  // (shuffles by 2, then by 1)
   }
   int mb = 0;  // max |x| by its bits: non-negative floats order as integers, and NaN and inf sort last
 #pragma unroll

@@ -444,6 +444,39 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
         assert torch.equal(a["next_token"], b["next_token"])
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_xq_xsums_give_the_same_bits(tmp_path, monkeypatch, ahead):
+    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239): where int4 rows pack x, the pack takes x's chunk
+    sums too, in the prologue's order: the same bits, step after step, in both rows loops (the
+    model's int4 GEMVs take the vector rows)."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant="int4",
+                      quant_group=32)
+    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
+    base = EmuVM(prog, t, build(tmp_path, defines))
+    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_GEMV_XQ_XSUMS": 1}))
+    for pos, tok in enumerate(PROMPT):
+        a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
+        assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
+
+
+@pytest.mark.parametrize("ahead", [0, 1])
+@pytest.mark.parametrize("name", [name for name, case in GEMV_CASES.items() if case.quant == "u4"])
+def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
+    """AMK_GEMV_XQ_XSUMS over every int4 GEMV case, both loops: the fp32 outputs bit for bit those of
+    the build whose prologue sums x (the vector rows read the pack's sums; the scalar rows of
+    u4_scalar_split read none), and within the bound test_gemv_xq holds."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
+    base = EmuVM(prog, t, build(tmp_path, defines))
+    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_GEMV_XQ_XSUMS": 1}))
+    for pos, tok in enumerate([1, 3, 0]):
+        assert torch.equal(base.run_step(tok, pos)["y"], exp.run_step(tok, pos)["y"]), f"step {pos}"
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD={ahead},AMK_GEMV_XQ_XSUMS=1")
+    run_xq_case(emu, name, [1, 3, 0])
+
+
 def build_macros(defines: dict, unforced: str = "") -> dict[str, str]:
     """The macros the kernel sources define for a build's -D set, from the preprocessor (the
     emulator's compiler): name -> its text. `unforced`: a macro the emulator's own flags set (e.g.

@@ -237,6 +237,18 @@ def test_same_bits_defines(monkeypatch, model, quant, defines):
     attention splits of 8-position blocks (3 of them hold rows by the end, so the combine sums
     real splits): logits bit-identical with and without the define, and within tolerance of the
     ReferenceVM in fp32 (so both builds are right, not only alike)."""
+    same_bits(monkeypatch, model, quant, defines)
+
+
+@pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
+def test_same_bits_xq_xsums(monkeypatch, model):
+    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239: x's chunk sums taken by the int4 rows' pack, not
+    the prologue) in the int4 loads-ahead build, which packs x: as test_same_bits_defines."""
+    same_bits(monkeypatch, model, "int4_ahead", "AMK_GEMV_XQ_XSUMS=1")
+
+
+def same_bits(monkeypatch, model, quant, defines):
+    """test_same_bits_defines' check, for one model, weight format and define set."""
     quant_cfg = {None: {}, "int8": {"quant": "int8"}, "int8_ahead": {"quant": "int8", "gemv_loads_ahead": True},
                  "int4_ahead": {"quant": "int4", "gemv_loads_ahead": True}}
     cfg = dict(kv_splits=4, kv_block=8, **quant_cfg[quant])
