@@ -1,5 +1,6 @@
 """How far the emulated VM's GEMV outputs sit from the ReferenceVM's and from an fp64 dot, under
-build defines: the figures eval/PERF_NOTES.md item 235 gives for AMK_GEMV_I8_XQ's packed x.
+build defines: the figures eval/PERF_NOTES.md items 235 and 236 give for the packed x of
+AMK_GEMV_I8_XQ and AMK_GEMV_U4_XQ.
 
     python tests/xq_error.py i8_large_x "" AMK_GEMV_I8_XQ=1
     python tests/xq_error.py --lowered ""   # fp32 int8 and int4 loads-ahead models, packed by the loader

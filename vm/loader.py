@@ -543,8 +543,9 @@ def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes:
 def _xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ where the GEMVs take the loads-ahead loop with one quantized
     weight format (symmetric int8, or int4) on an NVIDIA target: x packed once a task as 24-bit fixed
-    point, the rows dotted by dp2a / dp4a (instructions/vec.cuh; eval/PERF_NOTES.md items 235 and 236:
-    the int8 1B -3.44 %, the int4 1B -4.69 % on the H200). Not the plain loop's programs, whose short
+    point, the rows dotted by dp2a / dp4a (instructions/vec.cuh; eval/PERF_NOTES.md items 235 and 236,
+    on the H200: the int8 1B -3.44 %, the int4 1B -4.69 %, the int8 8B -6.9 %, the int4 8B -12.9 %).
+    Not the plain loop's programs, whose short
     tasks pay the packing pass for little (the int8 SmolLM2 shape +3.6 % with a costlier form; the
     plain int4 build spills with it); not asymmetric int8 nor int8 beside int4, not measured; not AMD
     targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program names a code
