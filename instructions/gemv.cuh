@@ -729,6 +729,7 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
 // Whether DT's rows take x's chunk sums themselves (AMK_GEMV_XQ_XSUMS), not the prologue.
 template <int DT>
 constexpr bool amk_gemv_rows_sum_x = DT == AMK_DTYPE_U4 && amk_xq_on<DT> && AMK_GEMV_XQ_XSUMS;
+static_assert(AmkXqFmt<AMK_DTYPE_U4>::COLS == AMK_XSUM_CHUNK, "an int4 slice is one chunk of x's sums");
 // x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). The rows
 // call it themselves (amk_gemv_rows: those that take the vector path, so the test is the rows'
 // own), the loads-ahead loop after a lane's first round of weight loads is issued, so the pass

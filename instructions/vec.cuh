@@ -126,7 +126,7 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 // H200); the loader sets it for int4 loads-ahead builds on NVIDIA targets, 0 elsewhere.
 // A code word's nibbles split into even and odd bytes (two LOP3), each dotted against x in the
 // order they hold: 16 dp2a and 8 dp4a a vector instead of 32 byte moves and FMAs; the zero's term
-// still comes from x's float chunk sums, taken before the packing.
+// still comes from x's float chunk sums, taken before the packing (or by it: gemv.cuh AMK_GEMV_XQ_XSUMS).
 // The GEMV rows pack x themselves, under their first weight loads (gemv.cuh amk_gemv_xq_pack_x).
 #ifndef AMK_GEMV_I8_XQ
 #define AMK_GEMV_I8_XQ 0
