@@ -547,7 +547,7 @@ def _xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     on the H200: the int8 1B -3.44 %, the int4 1B -4.69 %, the int8 8B -6.9 %, the int4 8B -12.9 %).
     Not the plain loop's programs, whose short
     tasks pay the packing pass for little (the int8 SmolLM2 shape +3.6 % with a costlier form; the
-    plain int4 build spills with it); not asymmetric int8 nor int8 beside int4, not measured; not AMD
+    24-bit forms not measured there); not asymmetric int8 nor int8 beside int4, not measured; not AMD
     targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program names a code
     unpack strategy."""
     quantized = gemv_wdtypes & {DType.I8, DType.U4}
