@@ -621,6 +621,21 @@ def test_cli_builds_defines_and_spill_report(monkeypatch, capsys):
     assert compile_check.main(["x9"]) == 2 and compile_check.main(["90", "-D", "AMK_X=y"]) == 2
 
 
+def test_cli_writes_one_builds_ptx(monkeypatch, tmp_path):
+    """`--ptx FILE` writes the PTX of the build with its defines and sources (the byte-for-byte
+    comparisons eval/PERF_NOTES.md makes between trees); it takes one arch."""
+    written = {}
+    monkeypatch.setattr(compile_check, "nvcc_compile", lambda arch, threads=256, defines=None, root=None: (True, ""))
+    monkeypatch.setattr(compile_check, "nvcc_ptx", lambda arch, out, defines=None, root=None:
+                        written.update(arch=arch, out=out, defines=dict(defines), root=root))
+    out = tmp_path / "a.ptx"
+    assert compile_check.main(["90", "--build", "int8_ahead", "-D", "AMK_X=1", "--ptx", str(out),
+                               "--sources", str(tmp_path)]) == 0
+    assert written == {"arch": 90, "out": out, "defines": {**compile_check.SPECIALIZED["int8_ahead"], "AMK_X": 1},
+                       "root": str(tmp_path)}
+    assert compile_check.main(["80", "90", "--ptx", str(out)]) == 2
+
+
 def test_x_pad_spacing_is_the_formats_vector():
     """The loader's x padding (P_X_PAD) is spaced by one weight vector of the format, which is
     what the device's rows loop steps by (AmkWFmt<DT>::VEC in instructions/vec.cuh)."""

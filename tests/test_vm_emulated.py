@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import time
-import zlib
 
 import pytest
 import torch
@@ -37,6 +36,7 @@ from vm_cases import (
     XQ_CASES,
     TORCH,
     argmax_program,
+    case_program,
     cast_weights,
     close,
     elementwise_program,
@@ -80,7 +80,7 @@ def test_argmax_ties_and_nan(emu, case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(emu, name):
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
@@ -101,7 +101,7 @@ def test_gemv_q_mma(emu, monkeypatch, name):
     emulator's mma.sync has the PTX fragment layout), x split into hi + lo halves: within the fp32
     bound of the ReferenceVM."""
     monkeypatch.setenv("AMK_VM_DEFINES", Q_MMA_DEFINES)
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
@@ -113,7 +113,7 @@ def test_gemv_loads_ahead(emu, monkeypatch, name):
     row (long_k in fp32, the pair's 4096 columns, int8's 8192), a K slice's tail (split_k_tail)
     and quantized K slices: the plain loop's results, float weights in bf16 too."""
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_LOADS_AHEAD=1")
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
     if GEMV_CASES[name].quant is None:
         run_both(emu, *cast_weights(prog, t, {"w", "w2"}, DType.BF16), [(2, 0)])
@@ -126,7 +126,7 @@ def test_gemv_loads_ahead_for_multi_row_tasks(emu, monkeypatch, name):
     i8_pair_rows_rounds: a result changed there fails them), the plain loop for the others (store,
     tail_rows_pair): the ReferenceVM's results either way."""
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_AHEAD_MULTI=1,AMK_GEMV_LOADS_AHEAD=0")
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0])])
 
 
@@ -137,7 +137,7 @@ def test_gemv_rows_twice(emu, monkeypatch, name, ahead):
     the second pass rewriting the same sums, so results stay the ReferenceVM's in both loops, split-K
     partials and quantized rows included (a second pass that wrote other rows fails them)."""
     monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_DIAG_ROWS_TWICE=1,AMK_GEMV_LOADS_AHEAD={ahead}")
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(emu, prog, t, [(1, 0), (3, 1)])
 
 
@@ -270,8 +270,9 @@ def test_lowered_model(emu, cfg):
     ("AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD=1", dict(quant="int4", quant_group=64, split_k=2, quant_lm_head=True))])
 def test_lowered_model_xq(emu, monkeypatch, defines, cfg):
     """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ in a lowered bf16 model: symmetric int8 with the quantized head
-    writing the argmax pairs, asymmetric int8 (its zero terms from x's float chunk sums, taken before x
-    is packed) with split-K partials, and int4 (zeros always) in both rows loops."""
+    writing the argmax pairs and in the loads-ahead loop, asymmetric int8 (its zero terms from x's
+    float chunk sums, taken before x is packed) with split-K partials, and int4 (zeros always) in both
+    rows loops, with and without its quantized head."""
     monkeypatch.setenv("AMK_VM_DEFINES", defines)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
@@ -435,13 +436,19 @@ def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
                       kv_splits=2, kv_block=8)  # 16 steps: the second split has rows from position 8 on
     comb = [x.params for x in prog.tasks if x.op == Op.ATTN_COMBINE]
     assert comb and comb[0].splits == 2 and (comb[0].q_heads * comb[0].head_dim <= threads) == (threads == 128)
-    defines = knob_defines(prog)
-    base = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 0}))
-    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_COMBINE_EARLY": 1}))
-    for pos, tok in enumerate(PROMPT * 2):
+    assert_same_bits(prog, t, tmp_path, {**knob_defines(prog), "AMK_COMBINE_EARLY": 0}, {"AMK_COMBINE_EARLY": 1},
+                     PROMPT * 2, ["logits", "next_token"])
+
+
+def assert_same_bits(prog, tensors, out, defines: dict, experiment: dict, tokens: list[int], outputs: list[str]):
+    """The emulated builds with `defines` and with `experiment` on top, over the steps of `tokens`:
+    each of `outputs` bit for bit the same, step after step."""
+    base = EmuVM(prog, tensors, build(out, defines))
+    exp = EmuVM(prog, tensors, build(out, {**defines, **experiment}))
+    for pos, tok in enumerate(tokens):
         a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
-        assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
-        assert torch.equal(a["next_token"], b["next_token"])
+        for name in outputs:
+            assert torch.equal(a[name], b[name]), f"step {pos} {name}"
 
 
 @pytest.mark.parametrize("ahead", [0, 1])
@@ -453,11 +460,7 @@ def test_xq_xsums_give_the_same_bits(tmp_path, monkeypatch, ahead):
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant="int4",
                       quant_group=32)
     defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
-    base = EmuVM(prog, t, build(tmp_path, defines))
-    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_GEMV_XQ_XSUMS": 1}))
-    for pos, tok in enumerate(PROMPT):
-        a, b = base.run_step(tok, pos), exp.run_step(tok, pos)
-        assert torch.equal(a["logits"], b["logits"]), f"step {pos}"
+    assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_XQ_XSUMS": 1}, PROMPT, ["logits"])
 
 
 @pytest.mark.parametrize("ahead", [0, 1])
@@ -467,12 +470,9 @@ def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
     the build whose prologue sums x (the vector rows read the pack's sums; the scalar rows of
     u4_scalar_split read none), and within the bound test_gemv_xq holds."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
-    base = EmuVM(prog, t, build(tmp_path, defines))
-    exp = EmuVM(prog, t, build(tmp_path, {**defines, "AMK_GEMV_XQ_XSUMS": 1}))
-    for pos, tok in enumerate([1, 3, 0]):
-        assert torch.equal(base.run_step(tok, pos)["y"], exp.run_step(tok, pos)["y"]), f"step {pos}"
+    assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_XQ_XSUMS": 1}, [1, 3, 0], ["y"])
     monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD={ahead},AMK_GEMV_XQ_XSUMS=1")
     run_xq_case(emu, name, [1, 3, 0])
 

@@ -6,7 +6,6 @@ and the GPU stays usable). Cases and comparisons: tests/vm_cases.py."""
 from __future__ import annotations
 
 import time
-import zlib
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from vm_cases import (
     PROMPT,
     XQ_CASES,
     argmax_program,
+    case_program,
     cast_weights,
     close,
     elementwise_program,
@@ -80,7 +80,7 @@ def test_argmax_ties_and_nan(case, slices):
 
 @pytest.mark.parametrize("name", list(GEMV_CASES))
 def test_gemv(name):
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 
 
@@ -100,7 +100,7 @@ def test_gemv_q_mma(monkeypatch, name):
     """AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA: int8 and int4 rows on the tensor cores (mma.sync), against
     the ReferenceVM."""
     monkeypatch.setenv("AMK_VM_DEFINES", Q_MMA_DEFINES)
-    prog, t = gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(cuda_vm, prog, t, [(tok, pos) for pos, tok in enumerate([1, 3, 0, 2])])
 
 

@@ -156,11 +156,16 @@ def xq_bound(case: GemvCase, tensors: dict, token: int):
     return (w.abs() * m).sum(1) * 2.0 ** -22
 
 
+def case_program(name: str):
+    """GEMV_CASES[name]'s program and tensors, seeded by the name (the same every run)."""
+    return gemv_program(GEMV_CASES[name], seed=zlib.crc32(name.encode()) % 1000)
+
+
 def run_xq_case(make_vm, name: str, tokens: list[int]) -> None:
     """GEMV case `name` on make_vm and the ReferenceVM, output y within close()'s bound widened by
     xq_bound where it applies (the emulated and the GPU AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ tests)."""
     case = GEMV_CASES[name]
-    prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     run_both(make_vm, prog, t, [(tok, pos) for pos, tok in enumerate(tokens)],
              y_extra=lambda token: xq_bound(case, t, token))
 

@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,8 +29,7 @@ import torch  # noqa: E402
 from amk.vm.loader import PackedProgram, knob_defines  # noqa: E402
 from amk.vm.reference import ReferenceVM  # noqa: E402
 from emu_vm import EmuVM, build  # noqa: E402
-from programs import gemv_program  # noqa: E402
-from vm_cases import GEMV_CASES, PROMPT, lowered, xq_bound  # noqa: E402
+from vm_cases import GEMV_CASES, PROMPT, case_program, lowered, xq_bound  # noqa: E402
 
 
 def share(err: torch.Tensor, bound: torch.Tensor) -> float:
@@ -40,7 +38,7 @@ def share(err: torch.Tensor, bound: torch.Tensor) -> float:
 
 def gemv_errors(name: str, out: Path) -> str:
     case = GEMV_CASES[name]
-    prog, t = gemv_program(case, seed=zlib.crc32(name.encode()) % 1000)
+    prog, t = case_program(name)
     ref, vm = ReferenceVM(prog, t), EmuVM(prog, t, build(out, knob_defines(prog)))
     plain = widened = vm64 = ref64 = 0.0
     for pos, tok in enumerate([1, 3, 0, 2]):

@@ -151,7 +151,8 @@ AMK_DEVICE void amk_mma_16816_f16(float d[4], const unsigned a[4], const unsigne
 }
 
 // ---------------------------------------------------------------- integer dot products (sm_61+)
-// Used only by int8 rows against x in fixed point (AMK_GEMV_I8_XQ, instructions/gemv.cuh).
+// Used only by int8 and int4 rows against x in fixed point (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ,
+// instructions/vec.cuh).
 // dp2a: c + a.h0 * b.byte(k) + a.h1 * b.byte(k + 1), k 0 (lo) or 2 (hi); dp4a: c + sum a.byte(i) * b.byte(i);
 // every operand signed.
 #define AMK_HAS_IDP 1

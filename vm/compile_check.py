@@ -8,6 +8,7 @@
     python -m amk.vm.compile_check 90 --build int8 --loops 150   # the hot loops: instructions per byte
     python -m amk.vm.compile_check 90 --build bf16 --load-waits  # waits behind loads just issued
     python -m amk.vm.compile_check 90 --build bf16 --divisions 20  # run-time integer divisions, by caller
+    python -m amk.vm.compile_check 90 --build int8_ahead --ptx a.ptx [--sources DIR]  # PTX, for `cmp`
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
 block size (256 threads), and prints the spill bytes where ptxas spilled (the figures
@@ -104,6 +105,16 @@ def nvcc_compile(arch: int, threads: int = DEFAULT_THREADS, defines: dict | None
     output = (proc.stdout + proc.stderr).strip()
     bad = proc.returncode != 0 or any("warning" in line.lower() for line in output.splitlines())
     return not bad, f"$ {' '.join(cmd)}\n{output}"
+
+
+def nvcc_ptx(arch: int, out: Path, threads: int = DEFAULT_THREADS, defines: dict | None = None,
+             root: Path | None = None) -> None:
+    """The megakernel's PTX for `arch` into `out` (nvcc -ptx of the same command): two trees' or two
+    define sets' PTX compared byte for byte (`cmp`) show whether a change reaches the code at all."""
+    cmd = [c if c != "-c" else "-ptx" for c in nvcc_command(_nvcc(), arch, out, threads, defines, root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
 def elf_text_bytes(data: bytes) -> int:
@@ -491,6 +502,9 @@ def main(argv: list[str]) -> int:
                     help="also print the source lines whose instructions wait on 16-byte loads issued since "
                          "that barrier's last wait (needs nvdisasm): a memory latency each, in program order; "
                          "a pipelined loop that shows one a vector serialises its loads")
+    ap.add_argument("--ptx", default=None, metavar="FILE",
+                    help="also write the build's PTX (nvcc -ptx; one arch) to FILE, to compare two trees or "
+                         "define sets byte for byte")
     ap.add_argument("--sources", default=None, metavar="DIR",
                     help="check and measure the tree at DIR (its vm/ and instructions/) instead of this one, "
                          "e.g. an older commit's `git archive`")
@@ -502,9 +516,15 @@ def main(argv: list[str]) -> int:
         return 2
     defines = {**SPECIALIZED.get(a.build, {}), **parse_defines(a.define)}
     archs = [int(x.removeprefix("sm_")) for x in a.archs] or list(ARCHS)
+    if a.ptx and len(archs) != 1:
+        print("error: --ptx writes one arch's PTX: name one (e.g. 90)", file=sys.stderr)
+        return 2
     tag = "" if a.build == "generic" and not a.define else f" {a.build} {' '.join(a.define)}".rstrip()
     check = functools.partial(nvcc_compile, root=a.sources) if a.sources else nvcc_compile
     status = report((f"sm_{arch}{tag}", *check(arch, defines=defines)) for arch in archs)
+    if a.ptx:
+        nvcc_ptx(archs[0], Path(a.ptx), defines=defines, root=a.sources)
+        print(f"sm_{archs[0]}{tag}: PTX written to {a.ptx}")
     for arch in archs if a.code_size else ():
         print(f"sm_{arch}{tag}: {nvcc_code_bytes(arch, defines=defines, root=a.sources):,} bytes of code")
     for arch in archs if a.by_source else ():
