@@ -453,13 +453,14 @@ def assert_same_bits(prog, tensors, out, defines: dict, experiment: dict, tokens
 
 @pytest.mark.parametrize("ahead", [0, 1])
 def test_xq_xsums_give_the_same_bits(tmp_path, monkeypatch, ahead):
-    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239): where int4 rows pack x, the pack takes x's chunk
-    sums too, in the prologue's order: the same bits, step after step, in both rows loops (the
-    model's int4 GEMVs take the vector rows)."""
+    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239, the default): where int4 rows pack x, the pack
+    takes x's chunk sums too, in the prologue's order: the same bits as the prologue's sums
+    (AMK_GEMV_XQ_XSUMS=0), step after step, in both rows loops (the model's int4 GEMVs take the
+    vector rows)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant="int4",
                       quant_group=32)
-    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
+    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead, "AMK_GEMV_XQ_XSUMS": 0}
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_XQ_XSUMS": 1}, PROMPT, ["logits"])
 
 
@@ -467,11 +468,11 @@ def test_xq_xsums_give_the_same_bits(tmp_path, monkeypatch, ahead):
 @pytest.mark.parametrize("name", [name for name, case in GEMV_CASES.items() if case.quant == "u4"])
 def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
     """AMK_GEMV_XQ_XSUMS over every int4 GEMV case, both loops: the fp32 outputs bit for bit those of
-    the build whose prologue sums x (the vector rows read the pack's sums; the scalar rows of
-    u4_scalar_split read none), and within the bound test_gemv_xq holds."""
+    the build whose prologue sums x (AMK_GEMV_XQ_XSUMS=0; the vector rows read the pack's sums, the
+    scalar rows of u4_scalar_split read none), and within the bound test_gemv_xq holds."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = case_program(name)
-    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead}
+    defines = {**knob_defines(prog), "AMK_GEMV_U4_XQ": 1, "AMK_GEMV_LOADS_AHEAD": ahead, "AMK_GEMV_XQ_XSUMS": 0}
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_XQ_XSUMS": 1}, [1, 3, 0], ["y"])
     monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_U4_XQ=1,AMK_GEMV_LOADS_AHEAD={ahead},AMK_GEMV_XQ_XSUMS=1")
     run_xq_case(emu, name, [1, 3, 0])

@@ -242,9 +242,10 @@ def test_same_bits_defines(monkeypatch, model, quant, defines):
 
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
 def test_same_bits_xq_xsums(monkeypatch, model):
-    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239: x's chunk sums taken by the int4 rows' pack, not
-    the prologue) in the int4 loads-ahead build, which packs x: as test_same_bits_defines."""
-    same_bits(monkeypatch, model, "int4_ahead", "AMK_GEMV_XQ_XSUMS=1")
+    """AMK_GEMV_XQ_XSUMS (eval/PERF_NOTES.md item 239: x's chunk sums taken by the int4 rows' pack, the
+    default) against the prologue's sums (=0) in the int4 loads-ahead build, which packs x: as
+    test_same_bits_defines."""
+    same_bits(monkeypatch, model, "int4_ahead", "AMK_GEMV_XQ_XSUMS=0")
 
 
 def same_bits(monkeypatch, model, quant, defines):
