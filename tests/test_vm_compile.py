@@ -516,7 +516,7 @@ def test_pack_whole_vecs_define(cfg, want):
                                              (dict(gemv_loads_ahead=True, quant="int4", quant_lm_head=True), "h100",
                                               ("U4", 1)),
                                              (dict(gemv_loads_ahead=False, quant="int8"), "h100", None),
-                                             (dict(gemv_loads_ahead=False, quant="int4"), "h100", None),
+                                             (dict(gemv_loads_ahead=False, quant="int4"), "h100", ("U4", 1)),
                                              (dict(gemv_loads_ahead=True, quant="int8", quant_group=32, quant_asym=True),
                                               "h100", None),
                                              (dict(gemv_loads_ahead=True, quant="int8", quant_unpack=2), "h100", None),
@@ -525,10 +525,10 @@ def test_pack_whole_vecs_define(cfg, want):
                                              (dict(gemv_loads_ahead=True, quant="int8"), "mi300x", None),
                                              (dict(gemv_loads_ahead=True, quant="int4"), "mi300x", None)])
 def test_pack_xq_define(cfg, target, want):
-    """x is packed for integer dots (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ) only in loads-ahead builds
-    (eval/PERF_NOTES.md items 235 and 236: the int8 and int4 1B gained, the plain loop's int8 SmolLM2
-    shape lost) of symmetric int8 or int4 weights on NVIDIA targets (dp2a), with the default code
-    unpacking; never both."""
+    """x is packed for integer dots (AMK_GEMV_I8_XQ, AMK_GEMV_U4_XQ) in builds of int4 weights, and of
+    symmetric int8 weights in the loads-ahead loop only (eval/PERF_NOTES.md items 235, 236 and 240: the
+    int8 and int4 1B gained, and the plain loop's int4 SmolLM2 shape, its int8 one lost), on NVIDIA
+    targets (dp2a), with the default code unpacking; never both."""
     from vm_cases import lowered
 
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", target=target, **cfg)

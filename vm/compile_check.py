@@ -41,7 +41,8 @@ LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "A
                   "AMK_GEMV_ONLY_VEC": 1}
 SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
                "int8": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, I8; I8 weights
-               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},  # F32, BF16, I32, U4; U4 weights
+               # F32, BF16, I32, U4; U4 weights, dotted in integers against x packed as fixed point (_xq_define)
+               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES, "AMK_GEMV_U4_XQ": 1},
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
                "int8_asym": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
                              **LLAMA_FEATURES},
@@ -49,7 +50,7 @@ SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x0
                # float or symmetric int8 weights the loader leaves the rows' tail out of it (_whole_vecs_define)
                "bf16_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1,
                               "AMK_GEMV_WHOLE_VECS": 1},
-               # and, with symmetric int8 or int4 weights, x packed as fixed point for integer dots (_xq_define)
+               # and, with symmetric int8 weights too, x packed as fixed point for integer dots (_xq_define)
                "int8_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x10, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1, "AMK_GEMV_WHOLE_VECS": 1, "AMK_GEMV_I8_XQ": 1},
                "int4_ahead": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x20, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,

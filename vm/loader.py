@@ -541,18 +541,19 @@ def _whole_vecs_define(program: Program, by_id: dict[int, Buffer], gemv_wdtypes:
 
 
 def _xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
-    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ where the GEMVs take the loads-ahead loop with one quantized
-    weight format (symmetric int8, or int4) on an NVIDIA target: x packed once a task as 24-bit fixed
-    point, the rows dotted by dp2a / dp4a (instructions/vec.cuh; eval/PERF_NOTES.md items 235 and 236,
-    on the H200: the int8 1B -3.44 %, the int4 1B -4.69 %, the int8 8B -6.9 %, the int4 8B -12.9 %).
-    Not the plain loop's programs, whose short
-    tasks pay the packing pass for little (the int8 SmolLM2 shape +3.6 % with a costlier form; the
-    24-bit forms not measured there); not asymmetric int8 nor int8 beside int4, not measured; not AMD
-    targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program names a code
-    unpack strategy."""
+    """AMK_GEMV_I8_XQ / AMK_GEMV_U4_XQ where the GEMVs have one quantized weight format (symmetric int8,
+    or int4) on an NVIDIA target: x packed once a task as 24-bit fixed point, the rows dotted by dp2a /
+    dp4a (instructions/vec.cuh; eval/PERF_NOTES.md items 235, 236 and 240, on the H200: the int8 1B
+    -3.0 %, the int4 1B -4.69 %, the int8 8B -6.9 %, the int4 8B -12.9 %, the int4 SmolLM2 shape -3.75 %).
+    int4 in either rows loop; int8 only in the loads-ahead loop, where the pack runs under the first
+    loads: the plain loop packs ahead of its rows, and there the int8 SmolLM2 shape lost (+0.67 %,
+    item 240), int4 gaining for its costlier float dot. Not asymmetric int8 nor int8 beside int4, not
+    measured; not AMD targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program
+    names a code unpack strategy."""
     quantized = gemv_wdtypes & {DType.I8, DType.U4}
+    ahead = _vm_meta(program).get("gemv_loads_ahead") is True
     if (len(quantized) != 1 or _has_i8_zeros(program)
-            or program.target.vendor != "nvidia" or _vm_meta(program).get("gemv_loads_ahead") is not True
+            or program.target.vendor != "nvidia" or (DType.I8 in quantized and not ahead)
             or not experiment_defines().get("AMK_GEMV_XPAD", 1)
             or any(t.params.op == Op.GEMV and t.params.unpack != 0 for t in program.tasks)):
         return {}
