@@ -702,6 +702,22 @@ def test_integer_divisions_by_inlined_call_chain():
     assert got == {(("attention.cuh", 73), ("attention.cuh", 602)): 2, (("gemv.cuh", 192),): 1}
 
 
+def test_jump_tables_by_inlined_call_chain():
+    """A jump table's branch is BRX (predicated or not): counted at its call chain, the most first;
+    other branches (BRA) are not."""
+    sass = ['\t//## File "/x/common.cuh", line 193 inlined at "/x/argmax.cuh", line 40',
+            '\t//## File "/x/argmax.cuh", line 40',
+            "        /*0000*/   LDC R5, c[0x2][R4] ;   /* 0x0000000000000000 */",
+            "        /*0010*/   BRX R5 -0x20 ;   /* 0x0000000000000000 */",
+            "        /*0020*/   @P0 BRX R6 -0x40 ;   /* 0x0000000000000000 */",
+            '\t//## File "/x/ops.cuh", line 39',
+            "        /*0030*/   BRX R7 -0x60 ;   /* 0x0000000000000000 */",
+            "        /*0040*/   BRA 0x80 ;   /* 0x0000000000000000 */"]
+    sites = compile_check.jump_table_sites(90, disasm="\n".join(sass))
+    assert [(d["chain"], d["count"]) for d in sites] == [((("common.cuh", 193), ("argmax.cuh", 40)), 2),
+                                                         ((("ops.cuh", 39),), 1)]
+
+
 def test_serial_load_waits_count_waits_behind_loads_just_issued():
     def ins(addr, text, **ctl):
         return [f"        /*{addr:04x}*/                   {text} ;   /* 0x0000000000000000 */",

@@ -223,8 +223,9 @@ def test_device_memory_accounts_for_every_buffer():
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
 # builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
 # items 126, 131 and 224; AMK_ATTN_SCORE_HB=1, one head a score pass, against the default 4 of
-# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230)
-SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
+# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230; AMK_LOAD_BY_WIDTH=1,
+# amk_load branched on the element's width in the quantized builds, item 242)
+SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1", "AMK_LOAD_BY_WIDTH=1"]
 
 
 @pytest.mark.parametrize("defines", SAME_BITS_DEFINES)

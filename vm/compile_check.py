@@ -8,6 +8,7 @@
     python -m amk.vm.compile_check 90 --build int8 --loops 150   # the hot loops: instructions per byte
     python -m amk.vm.compile_check 90 --build bf16 --load-waits  # waits behind loads just issued
     python -m amk.vm.compile_check 90 --build bf16 --divisions 20  # run-time integer divisions, by caller
+    python -m amk.vm.compile_check 90 --build int8 --jump-tables 10  # switches lowered to jump tables (BRX)
     python -m amk.vm.compile_check 90 --build int8_ahead --ptx a.ptx [--sources DIR]  # PTX, for `cmp`
 
 No GPU needed. Fails on any compile error, nvcc warning, or register spill at the default
@@ -419,19 +420,48 @@ def integer_divisions(disasm: str) -> Counter:
     by inlined call chain (innermost (file, line) first). One whose result the first loads'
     addresses need delays them by more than its instructions (eval/PERF_NOTES.md items 172,
     178-179: removing such divisions gained 0.5-1.9 %)."""
-    return Counter(chain for _, chain, line in _inline_chains(disasm)
-                   if _SASS_OP.match(line) and _SASS_INT_DIVISION.search(line))
+    return _chains_of(_SASS_INT_DIVISION, disasm)
+
+
+# a jump table's indirect branch (a switch's lowering where it has four or more cases): its target
+# is read from the constant bank first (eval/PERF_NOTES.md item 242)
+_SASS_JUMP_TABLE = re.compile(r"\bBRX\b")
+
+
+def _chains_of(pattern: re.Pattern, disasm: str) -> Counter:
+    """The instructions matching `pattern` in nvdisasm --print-line-info[-inline] output, counted by
+    inlined call chain (innermost (file, line) first)."""
+    return Counter(chain for _, chain, line in _inline_chains(disasm) if _SASS_OP.match(line) and pattern.search(line))
+
+
+def _sites(counts: Counter, root: Path | None) -> list[dict]:
+    """One record a call chain of `counts`, with `count` and `functions` (the enclosing function of
+    each level, innermost first), the most first."""
+    funcs = _source_functions(root)
+    return [{"chain": chain, "count": n, "functions": _functions_of(chain, funcs)}
+            for chain, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
 def division_sites(arch: int, defines: dict | None = None, root: Path | None = None,
                    threads: int = DEFAULT_THREADS, disasm: str | None = None) -> list[dict]:
-    """integer_divisions of the megakernel for `arch` (or of `disasm`, its chain_disassembly):
-    one record a call chain, with `count` and `functions` (the enclosing function of each
-    level, innermost first), most divisions first."""
-    funcs = _source_functions(root)
-    counts = integer_divisions(disasm or chain_disassembly(arch, defines, root, threads))
-    return [{"chain": chain, "count": n, "functions": _functions_of(chain, funcs)}
-            for chain, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    """integer_divisions of the megakernel for `arch` (or of `disasm`, its chain_disassembly), by
+    call chain (_sites)."""
+    return _sites(integer_divisions(disasm or chain_disassembly(arch, defines, root, threads)), root)
+
+
+def jump_table_sites(arch: int, defines: dict | None = None, root: Path | None = None,
+                     threads: int = DEFAULT_THREADS, disasm: str | None = None) -> list[dict]:
+    """The megakernel's jump-table branches (BRX) for `arch` (or in `disasm`, its chain_disassembly),
+    by call chain (_sites)."""
+    return _sites(_chains_of(_SASS_JUMP_TABLE, disasm or chain_disassembly(arch, defines, root, threads)), root)
+
+
+def print_sites(label: str, what: str, sites: list[dict], n: int) -> None:
+    """The total of `sites` (division_sites, jump_table_sites) and its n call chains with the most."""
+    print(f"{label}: {sum(d['count'] for d in sites)} {what}"
+          + (f"; the {min(n, len(sites))} call chains with the most:" if sites else ""))
+    for d in sites[:n]:
+        print(f"  {d['count']:4}  {_call_path(d['functions'])}  ({d['chain'][0][0]}:{d['chain'][0][1]})")
 
 
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -496,6 +526,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--loops", type=int, default=0, metavar="N",
                     help="also print every loop of at least N instructions, its 16-byte global loads and its "
                          "most frequent opcodes (needs nvdisasm): instructions issued per byte streamed")
+    ap.add_argument("--jump-tables", type=int, metavar="N", default=0,
+                    help="also print the N inlined call chains with the most jump-table branches (BRX: a "
+                         "switch of four or more cases; its target is a constant-bank load away) (needs nvdisasm)")
     ap.add_argument("--divisions", type=int, metavar="N", default=0,
                     help="also print the N inlined call chains with the most run-time integer divisions "
                          "(needs nvdisasm): one ahead of a task's first loads delays them")
@@ -546,11 +579,11 @@ def main(argv: list[str]) -> int:
             mix = ", ".join(f"{o} {n}" for o, n in list(lp["mix"].items())[:8])
             print(f"  {lp['label']}: {lp['instructions']} instructions, {lp['loads16']} 16-byte loads ({per_byte}); {mix}")
     for arch in archs if a.divisions else ():
-        sites = division_sites(arch, defines, a.sources)
-        print(f"sm_{arch}{tag}: {sum(d['count'] for d in sites)} run-time integer divisions"
-              + (f"; the {min(a.divisions, len(sites))} call chains with the most:" if sites else ""))
-        for d in sites[:a.divisions]:
-            print(f"  {d['count']:4}  {_call_path(d['functions'])}  ({d['chain'][0][0]}:{d['chain'][0][1]})")
+        print_sites(f"sm_{arch}{tag}", "run-time integer divisions", division_sites(arch, defines, a.sources),
+                    a.divisions)
+    for arch in archs if a.jump_tables else ():
+        print_sites(f"sm_{arch}{tag}", "jump-table branches (BRX)", jump_table_sites(arch, defines, a.sources),
+                    a.jump_tables)
     for arch in archs if a.load_waits else ():
         waits = load_waits(arch, defines, a.sources)
         by_line = Counter((w["file"], w["line"]) for w in waits)
