@@ -49,7 +49,11 @@ def test_nvcc_compiles_without_warnings(arch):
 # build's loads-ahead loop spilled 24 / 24 B on sm_90, some in the loop, and still gained the int4
 # 1B 1.28 % over the plain loop (item 177); with the attention partial's K / V row geometry by
 # shifts (item 184: int4 1B -2.24 %) ptxas spills 8 / 8 B there.
-SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (0, 0),
+# With the quantized builds made the loader's own (F16 scales, bf16 LM head rows; session 66) the
+# plain int8 build spills 4 / 8 B on sm_80 and sm_90 and the plain int4 build 4 / 4 B on sm_90, as
+# they did unchecked before: not measured for their cost.
+SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0), (90, "int4"): (4, 4),
+                 (80, "int8"): (4, 8), (90, "int8"): (4, 8),
                  (80, "int8_asym"): (0, 0), (90, "int8_asym"): (0, 0),
                  (80, "bf16_oslices"): (0, 0), (90, "bf16_oslices"): (0, 0),
                  (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0),
@@ -75,9 +79,9 @@ def test_nvcc_specialized_builds_within_their_spill_budget(arch, build):
     assert spills[0] <= stores and spills[1] <= loads, output
 
 
-# sm_90 with the other unpack strategy (ScheduleConfig.quant_unpack=2): int4 spills 8 / 8 B (as it
-# did before item 178).
-UNPACK2_SPILL_BUDGETS = {"int8": (0, 0), "int4": (8, 8)}
+# sm_90 with the other unpack strategy (ScheduleConfig.quant_unpack=2): int4 spilled 8 / 8 B (as it
+# did before item 178); the loader's own builds (session 66) spill int8 4 / 8 B, int4 4 / 4 B.
+UNPACK2_SPILL_BUDGETS = {"int8": (4, 8), "int4": (8, 8)}
 
 
 @pytest.mark.slow  # a non-default option (ScheduleConfig.quant_unpack=2)
@@ -117,17 +121,16 @@ CODE_BUDGET_SM90_BF16 = 279_000
                                        ("int4_ahead", dict(quant="int4", gemv_loads_ahead=True))])
 def test_compile_check_builds_are_the_loaders(build, cfg):
     """compile_check's specialized builds are what the loader compiles for a fused Llama program
-    of that weight format (the LM head left in bf16 where the program keeps it), so the spill and
-    code-size budgets check the kernels that run."""
+    of that weight format, its dtypes included (a quantized program's F16 scales, and its LM head's
+    bf16 rows beside the quantized ones: until session 66 the builds left both out and so checked
+    kernels ~90 KB smaller than those that run, without their spills, eval/PERF_NOTES.md item 242),
+    so the spill and code-size budgets check the kernels that run."""
     from vm_cases import lowered
 
     prog, _ = lowered("llama-gqa-tied", dtype="bfloat16", **cfg)
     got = {**loader.PackedProgram(prog).defines, **loader.knob_defines(prog)}
     want = compile_check.SPECIALIZED[build]
-    features = [k for k in want if k not in ("AMK_DTYPES", "AMK_GEMV_WDTYPES", "AMK_QCOMP_DTYPE")]
-    assert {k: got.get(k) for k in features} == {k: want[k] for k in features}
-    assert got["AMK_DTYPES"] & want["AMK_DTYPES"] == want["AMK_DTYPES"]
-    assert got["AMK_GEMV_WDTYPES"] & want["AMK_GEMV_WDTYPES"] == want["AMK_GEMV_WDTYPES"]
+    assert {k: got.get(k) for k in want} == want
 
 
 def test_nvcc_sm90_bf16_code_within_its_budget():
@@ -778,8 +781,14 @@ def test_weight_rows_wait_only_for_loads_they_read(build):
     serial = [w for w in waits if w["reads"] is False and w["older"] and "amk_w_at" not in w["functions"]]
     assert waits and not serial, serial
     sites = compile_check.division_sites(90, disasm=disasm)
-    found = [d for d in sites if d["functions"][0] in DIVISION_FREE.get(build, ())]
+    found = [d for d in sites if d["functions"][0] in DIVISION_FREE.get(build, ()) and d["chain"][0] != _FLOAT_GROUP_OF]
     assert sites and not found, found
+
+
+# The float weights' copy of amk_group_of keeps its division (gemv.cuh: never run, float weights have
+# no scales; item 176): a quantized build compiles it too for its bf16 LM head's rows.
+_FLOAT_GROUP_OF = ("gemv.cuh", next(n for n, line in enumerate((INS_DIR / "gemv.cuh").read_text().splitlines(), 1)
+                                    if ": (w.k_lo + K - 1) / w.group == w.g0;" in line))
 
 
 @pytest.mark.parametrize("build,divide", [("bf16", 0), ("bf16_ahead", 0), ("bf16_oslices", 0), ("int8", 1),
