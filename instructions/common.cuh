@@ -146,7 +146,9 @@ AMK_DEVICE float amk_half_to_f32(int dt, unsigned short h) {
 }
 
 // log2 of a dtype's bits (amk_dtype_bits), by arithmetic: a table of 3-bit fields indexed by the dtype
-// (F32 5, F16 4, BF16 4, I32 5, I8 3, U4 2; 0 past U4).
+// (F32 5, F16 4, BF16 4, I32 5, I8 3, U4 2; 0 past U4). amk_dtype_bits keeps its own comparisons while
+// AMK_LOAD_BY_WIDTH is an experiment (so the default builds' code stays the measured one); adopted,
+// it becomes 1 << this.
 AMK_DEVICE int amk_dtype_log2_bits(int dt) {
   constexpr unsigned long long TABLE = 5ull | 4ull << 3 | 4ull << 6 | 5ull << 9 | 3ull << 12 | 2ull << 15;
   return (unsigned)dt <= (unsigned)AMK_DTYPE_U4 ? (int)((TABLE >> (3 * dt)) & 7) : 0;

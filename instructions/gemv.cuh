@@ -168,12 +168,6 @@ AMK_DEVICE bool amk_gemv_w_ok(const AmkGemvW& w) {
          ((dt == AMK_DTYPE_U4) == (w.zb != nullptr) || (AMK_GEMV_I8_ZERO && dt == AMK_DTYPE_I8));
 }
 
-// Does w carry a zero whose term the vector rows add from x's chunk sums (U4, and I8 with a
-// zero in AMK_GEMV_I8_ZERO builds)? The prologue then sums x over each 32-column chunk.
-AMK_DEVICE bool amk_gemv_needs_xsums(const AmkGemvW& w) {
-  return w.wb->dtype == AMK_DTYPE_U4 || (AMK_GEMV_I8_ZERO && w.zb != nullptr && w.wb->dtype == AMK_DTYPE_I8);
-}
-
 // Dequantize a code with the scale (and zero) of its group: w = q*s (+ z).
 AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
   if (w.sb == nullptr) return q;
@@ -698,8 +692,7 @@ AMK_DEVICE void amk_gemv_xsums(const float* xs, AmkXPad xp, float* xsums, int K)
     float sum = 0.0f;
     if (v < chunks) {
       const float4* p = (const float4*)(xs + xp.at(v * AMK_XSUM_CHUNK + (amk_lane() % lanes) * per_lane));
-      const float4 a = p[0], b = p[1];
-      sum = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+      sum = amk_sum8(p[0], p[1]);
     }
     for (int m = lanes / 2; m > 0; m >>= 1) sum += amk_shfl_xor(sum, m);
     if (v < chunks && amk_lane() % lanes == 0) xsums[v] = sum;
@@ -731,6 +724,13 @@ AMK_DEVICE bool amk_gemv_xq_fits(int K, AmkXPad xp) {
 template <int DT>
 constexpr bool amk_gemv_rows_sum_x = DT == AMK_DTYPE_U4 && amk_xq_on<DT> && AMK_GEMV_XQ_XSUMS;
 static_assert(AmkXqFmt<AMK_DTYPE_U4>::COLS == AMK_XSUM_CHUNK, "an int4 slice is one chunk of x's sums");
+// Does w carry a zero whose term the vector rows add from x's chunk sums (U4, and I8 with a zero in
+// AMK_GEMV_I8_ZERO builds) that the rows' pack does not take (amk_gemv_rows_sum_x)? The prologue then
+// sums x over each 32-column chunk (amk_gemv_xsums).
+AMK_DEVICE bool amk_gemv_needs_xsums(const AmkGemvW& w) {
+  return (w.wb->dtype == AMK_DTYPE_U4 && !amk_gemv_rows_sum_x<AMK_DTYPE_U4>) ||
+         (AMK_GEMV_I8_ZERO && w.zb != nullptr && w.wb->dtype == AMK_DTYPE_I8);
+}
 // x in place as fixed point, a vector's slice a thread at a time (vec.cuh amk_xq_pack). The rows
 // call it themselves (amk_gemv_rows: those that take the vector path, so the test is the rows'
 // own), the loads-ahead loop after a lane's first round of weight loads is issued, so the pass
@@ -1089,7 +1089,7 @@ AMK_DEVICE void amk_op_gemv(const AmkCtx& c, const Wait& wait) {
   const AmkGemvW w = amk_gemv_w(c, AMK_ROLE_W, AMK_ROLE_W_SCALE, AMK_ROLE_W_ZERO);
   const AmkGemvW w2 = m == 2 ? amk_gemv_w(c, AMK_ROLE_W2, AMK_ROLE_W2_SCALE, AMK_ROLE_W2_ZERO) : w;
   amk_syncthreads();
-  if (amk_gemv_needs_xsums(w) && !(amk_gemv_rows_sum_x<AMK_DTYPE_U4> && w.wb->dtype == AMK_DTYPE_U4)) {
+  if (amk_gemv_needs_xsums(w)) {
     amk_gemv_xsums(xs, xp, xsums, K);
     amk_syncthreads();
   }

@@ -123,7 +123,8 @@ AMK_DEVICE float amk_qdot_converted(const amk_u32x4& v, const float* x, R rot) {
 // 1B -0.94 % against -3.44 %, H200). The loader sets it for symmetric int8 loads-ahead builds on NVIDIA
 // targets (vm/loader.py _xq_define); 0 elsewhere.
 // AMK_GEMV_U4_XQ (item 236): the same for int4, a 32-column slice a vector (the int4 1B -4.69 %,
-// H200); the loader sets it for int4 loads-ahead builds on NVIDIA targets, 0 elsewhere.
+// H200); the loader sets it for int4 builds of either rows loop on NVIDIA targets (item 240: the
+// int4 SmolLM2 shape -3.75 % in the plain loop), 0 elsewhere.
 // A code word's nibbles split into even and odd bytes (two LOP3), each dotted against x in the
 // order they hold: 16 dp2a and 8 dp4a a vector instead of 32 byte moves and FMAs; the zero's term
 // still comes from x's float chunk sums, taken before the packing (or by it: gemv.cuh AMK_GEMV_XQ_XSUMS).
@@ -161,6 +162,9 @@ template <> struct AmkXqFmt<AMK_DTYPE_U4> {
 };
 static_assert(AmkXqFmt<AMK_DTYPE_I8>::WORDS <= 16 + 4 && AmkXqFmt<AMK_DTYPE_U4>::WORDS <= 32 + 4,
               "a packed slice fits the padded slot of its vector's columns");
+// The sum of 8 columns in the order of x's chunk sums (gemv.cuh amk_gemv_xsums, and the int4 pack's
+// own, amk_xq_pack: the two must give the same bits).
+AMK_DEVICE float amk_sum8(float4 a, float4 b) { return ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)); }
 // Slice x[0, COLS) of `slot` -> x[j] ~ scale * q[j], q[j] = round(x[j] * QMAX / max|x|) (error at most
 // max|x| / 2^24, an fp32 rounding of the slice's largest element). A NaN or infinite element makes
 // the scale NaN, so the dot is NaN as the float one would be (not masked: a poisoned x stays visible).
@@ -181,7 +185,7 @@ AMK_DEVICE void amk_xq_pack(float* slot, float* xsum = nullptr) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
       const float* e = x + 8 * l;
-      part[l] = ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+      part[l] = amk_sum8(float4{e[0], e[1], e[2], e[3]}, float4{e[4], e[5], e[6], e[7]});
     }
     *xsum = (part[0] + part[2]) + (part[1] + part[3]);  // (shuffles by 2, then by 1)
   }
