@@ -175,11 +175,34 @@ AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
   return w.zb ? amk_add(v, z) : v;
 }
 
+// Is the companions' one dtype (AMK_QCOMP_DTYPE) left out of AMK_DTYPES? The loader leaves it out
+// where no other buffer has it (PERF_NOTES item 243: the F16 scales of a bf16 model then compile no
+// F16 copy of the ops' float loops), and the companions' loads below convert it themselves. Where
+// the build compiles it they go through amk_load / amk_half_to_f32, as before (the same code).
+constexpr AMK_DEVICE bool amk_qcomp_apart() {
+  return AMK_QCOMP_DTYPE >= 0 && (((AMK_DTYPES) >> (AMK_QCOMP_DTYPE & 31)) & 1) == 0;
+}
+// A 16-bit float companion's bits (of dtype dt: BF16, else F16) as fp32.
+AMK_DEVICE float amk_qcomp_half_to_f32(int dt, unsigned short h) {
+  if constexpr (amk_qcomp_apart()) return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
+  else return amk_half_to_f32(dt, h);
+}
+// Element i of a companion as fp32 (the scalar path's loads).
+AMK_DEVICE float amk_qcomp_load(const AmkBuffer& b, amk_i64 i) {
+  if constexpr (amk_qcomp_apart()) {
+    if (b.dtype != AMK_QCOMP_DTYPE) return amk_nan();  // the loader never leaves out a dtype in use
+    if constexpr (AMK_QCOMP_DTYPE == AMK_DTYPE_F32) return ((const float*)b.ptr)[i];
+    else return amk_qcomp_half_to_f32(AMK_QCOMP_DTYPE, ((const unsigned short*)b.ptr)[i]);
+  } else {
+    return amk_load(b, i);
+  }
+}
+
 AMK_DEVICE float amk_w_scale(const AmkGemvW& w, int r, int c) {
-  return w.sb ? amk_load(*w.sb, w.soff + r * w.sstride + (w.k_lo + c) / w.group - w.g0) : 1.0f;
+  return w.sb ? amk_qcomp_load(*w.sb, w.soff + r * w.sstride + (w.k_lo + c) / w.group - w.g0) : 1.0f;
 }
 AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
-  return w.zb ? amk_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
+  return w.zb ? amk_qcomp_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
 }
 
 // Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
@@ -261,7 +284,7 @@ struct AmkQRow {
     return dtype() == AMK_DTYPE_F32 ? ((const unsigned*)p)[g] : ((const unsigned short*)p)[g];
   }
   AMK_DEVICE float value(unsigned r) const {
-    return dtype() == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_half_to_f32(dtype(), (unsigned short)r);
+    return dtype() == AMK_DTYPE_F32 ? __uint_as_float(r) : amk_qcomp_half_to_f32(dtype(), (unsigned short)r);
   }
 };
 AMK_DEVICE AmkQRow amk_qrow(const AmkBuffer* b, amk_i64 off) {

@@ -477,6 +477,21 @@ def test_load_by_width_gives_the_same_bits(tmp_path, monkeypatch, quant):
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_LOAD_BY_WIDTH": 1}, PROMPT, ["logits", "next_token"])
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_companions_apart_give_the_same_bits(tmp_path, monkeypatch, quant):
+    """The companions' dtype left out of AMK_DTYPES (eval/PERF_NOTES.md item 243: the F16 scales of a
+    bf16 model then compile no F16 copy of the ops' float loops; gemv.cuh amk_qcomp_apart): logits
+    bit for bit those of the build that compiles F16 everywhere, step after step."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant=quant,
+                      quant_group=32)
+    defines = {**knob_defines(prog), **PackedProgram(prog).defines}
+    f16 = 1 << int(DType.F16)
+    assert defines["AMK_QCOMP_DTYPE"] == int(DType.F16) and defines["AMK_DTYPES"] & f16
+    assert_same_bits(prog, t, tmp_path, defines, {"AMK_DTYPES": defines["AMK_DTYPES"] & ~f16}, PROMPT,
+                     ["logits", "next_token"])
+
+
 @pytest.mark.parametrize("ahead", [0, 1])
 @pytest.mark.parametrize("name", [name for name, case in GEMV_CASES.items() if case.quant == "u4"])
 def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
