@@ -187,10 +187,11 @@ AMK_DEVICE float amk_qcomp_half_to_f32(int dt, unsigned short h) {
   if constexpr (amk_qcomp_apart()) return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
   else return amk_half_to_f32(dt, h);
 }
-// Element i of a companion as fp32 (the scalar path's loads).
+// Element i of a companion as fp32 (the scalar path's loads). Where the build leaves the companions'
+// dtype out, every companion is of that dtype (vm/loader.py refuses a build where one is not).
 AMK_DEVICE float amk_qcomp_load(const AmkBuffer& b, amk_i64 i) {
   if constexpr (amk_qcomp_apart()) {
-    if (b.dtype != AMK_QCOMP_DTYPE) return amk_nan();  // the loader never leaves out a dtype in use
+    if (b.dtype != AMK_QCOMP_DTYPE) return amk_nan();
     if constexpr (AMK_QCOMP_DTYPE == AMK_DTYPE_F32) return ((const float*)b.ptr)[i];
     else return amk_qcomp_half_to_f32(AMK_QCOMP_DTYPE, ((const unsigned short*)b.ptr)[i]);
   } else {

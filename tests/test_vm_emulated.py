@@ -337,8 +337,9 @@ def test_lowered_half_precision_quantized_model(emu, cfg):
 def test_companion_dtype_define_that_does_not_match_takes_the_scalar_path(emu, monkeypatch, cfg):
     """AMK_QCOMP_DTYPE names the one dtype of every scale and zero (knob_defines); a weight whose
     companions are of another dtype (here F32 scales under a BF16 define) takes the scalar path:
-    the same results, only slower, never companions misread."""
-    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_QCOMP_DTYPE={int(DType.BF16)}")
+    the same results, only slower, never companions misread. (The build must compile BF16 then:
+    the loader refuses a companion dtype it neither compiles nor finds, test_vm_loader.)"""
+    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_QCOMP_DTYPE={int(DType.BF16)},AMK_DTYPES=63")
     prog, t = lowered("llama-gqa-tied", max_queues=4, threads_per_block=64, quant_group=32, **cfg)
     assert knob_defines(prog)["AMK_QCOMP_DTYPE"] == int(DType.F32)
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
@@ -479,17 +480,18 @@ def test_load_by_width_gives_the_same_bits(tmp_path, monkeypatch, quant):
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_companions_apart_give_the_same_bits(tmp_path, monkeypatch, quant):
-    """The companions' dtype left out of AMK_DTYPES (eval/PERF_NOTES.md item 243: the F16 scales of a
-    bf16 model then compile no F16 copy of the ops' float loops; gemv.cuh amk_qcomp_apart): logits
-    bit for bit those of the build that compiles F16 everywhere, step after step."""
+    """The companions' dtype left out of AMK_DTYPES (eval/PERF_NOTES.md item 243, the loader's builds:
+    the F16 scales of a bf16 model then compile no F16 copy of the ops' float loops; gemv.cuh
+    amk_qcomp_apart): logits bit for bit those of the build that compiles F16 everywhere, as the
+    loader's did until then, step after step."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant=quant,
                       quant_group=32)
     defines = {**knob_defines(prog), **PackedProgram(prog).defines}
     f16 = 1 << int(DType.F16)
-    assert defines["AMK_QCOMP_DTYPE"] == int(DType.F16) and defines["AMK_DTYPES"] & f16
-    assert_same_bits(prog, t, tmp_path, defines, {"AMK_DTYPES": defines["AMK_DTYPES"] & ~f16}, PROMPT,
-                     ["logits", "next_token"])
+    assert defines["AMK_QCOMP_DTYPE"] == int(DType.F16) and not defines["AMK_DTYPES"] & f16
+    assert_same_bits(prog, t, tmp_path, {**defines, "AMK_DTYPES": defines["AMK_DTYPES"] | f16},
+                     {"AMK_DTYPES": defines["AMK_DTYPES"]}, PROMPT, ["logits", "next_token"])
 
 
 @pytest.mark.parametrize("ahead", [0, 1])

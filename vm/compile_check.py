@@ -41,22 +41,23 @@ ONLY_WIDE = {"AMK_ATTN_ONLY_WIDE": 1}
 LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0,
                   "AMK_GEMV_ONLY_VEC": 1}
 SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
-               # a quantized program's: F32, F16 (its scales, AMK_QCOMP_DTYPE 1), BF16, I32 and its codes' dtype;
-               # weights of that dtype and BF16 (the LM head, kept in bf16 by default)
-               "int8": {**ONLY_WIDE, "AMK_DTYPES": 0x1F, "AMK_GEMV_WDTYPES": 0x14, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},
+               # a quantized program's: F32, BF16, I32 and its codes' dtype (its F16 scales, AMK_QCOMP_DTYPE 1,
+               # convert themselves: loader.compiled_dtypes); weights of that dtype and BF16 (the LM head,
+               # kept in bf16 by default)
+               "int8": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x14, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES},
                # U4 weights, dotted in integers against x packed as fixed point (_xq_define)
-               "int4": {"AMK_DTYPES": 0x2F, "AMK_GEMV_WDTYPES": 0x24, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES, "AMK_GEMV_U4_XQ": 1},
+               "int4": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x24, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES, "AMK_GEMV_U4_XQ": 1},
                # asymmetric int8 (ScheduleConfig.quant_asym): I8 weights with zeros
-               "int8_asym": {**ONLY_WIDE, "AMK_DTYPES": 0x1F, "AMK_GEMV_WDTYPES": 0x14, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
+               "int8_asym": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x14, "AMK_GEMV_I8_ZERO": 1, "AMK_QCOMP_DTYPE": 1,
                              **LLAMA_FEATURES},
                # ScheduleConfig.gemv_loads_ahead (on for the 1B and the 8B by 'auto': bf16, int8, int4); with
                # float or symmetric int8 weights the loader leaves the rows' tail out of it (_whole_vecs_define)
                "bf16_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES, "AMK_GEMV_LOADS_AHEAD": 1,
                               "AMK_GEMV_WHOLE_VECS": 1},
                # and, with symmetric int8 weights too, x packed as fixed point for integer dots (_xq_define)
-               "int8_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x1F, "AMK_GEMV_WDTYPES": 0x14, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
+               "int8_ahead": {**ONLY_WIDE, "AMK_DTYPES": 0x1D, "AMK_GEMV_WDTYPES": 0x14, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1, "AMK_GEMV_WHOLE_VECS": 1, "AMK_GEMV_I8_XQ": 1},
-               "int4_ahead": {"AMK_DTYPES": 0x2F, "AMK_GEMV_WDTYPES": 0x24, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
+               "int4_ahead": {"AMK_DTYPES": 0x2D, "AMK_GEMV_WDTYPES": 0x24, "AMK_QCOMP_DTYPE": 1, **LLAMA_FEATURES,
                               "AMK_GEMV_LOADS_AHEAD": 1, "AMK_GEMV_U4_XQ": 1},
                # ScheduleConfig.o_proj_kv_slices: no ATTN_COMBINE op; the o-proj's combine prologue and
                # the MLP's reads of x with partials

@@ -328,7 +328,7 @@ class PackedProgram:
         self.smem_bytes = 4 * words
         # Build-time specialization (instructions/common.cuh): compile only the dtype paths
         # this program uses; the kernel is one function and its size costs instruction fetches.
-        self.defines = {"AMK_DTYPES": _dtype_mask(b.dtype for b in program.buffers),
+        self.defines = {"AMK_DTYPES": _dtype_mask(compiled_dtypes(program)),
                         "AMK_GEMV_WDTYPES": _dtype_mask(gemv_wdtypes), **_op_defines(program),
                         **_score_block_define(program, gemv_wdtypes),
                         **_only_wide_define(program, by_id, gemv_wdtypes), **_only_vec_define(program, by_id),
@@ -573,6 +573,17 @@ def companion_dtype(program: Program) -> Optional[DType]:
     return companions.pop() if len(companions) == 1 else None
 
 
+def compiled_dtypes(program: Program) -> set[DType]:
+    """The dtypes whose code paths the build compiles for any buffer (AMK_DTYPES): every buffer's, but
+    the quantized weights' companions' one dtype (AMK_QCOMP_DTYPE) only where another buffer has it
+    too. Their loads convert it themselves (gemv.cuh amk_qcomp_apart), and the F16 scales of a bf16
+    model would otherwise compile an F16 copy of every float loop: the int8 build's sm_90 code 358 ->
+    291 KB, and the int8 1B -6.2 %, the SmolLM2 shape -6.8 % (eval/PERF_NOTES.md item 243)."""
+    qcomp = companion_dtype(program)
+    companions = {i for b in program.buffers for i in (b.scale, b.zero) if i is not None} if qcomp is not None else set()
+    return {b.dtype for b in program.buffers if b.id not in companions}
+
+
 def gemv_whole_vecs(task, by_id: dict[int, Buffer]) -> bool:
     """Does a GEMV task's K slice span whole 16-byte vectors of its weight's dtype? A vector-row
     task (gemv_vec_rows) that does not has a tail of scalar columns, which a build with
@@ -658,7 +669,28 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
     if knobs.get("AMK_KV_HEAD_MAJOR") and not defines.get("AMK_KV_HEAD_MAJOR"):  # it would read rows as row-major
         raise VMRefused("the program's KV caches are head-major (kv_head_major), which a build with "
                         "AMK_KV_HEAD_MAJOR=0 does not read")
+    if specialize:
+        _refuse_missing_dtypes(program, defines)
     return defines
+
+
+def _refuse_missing_dtypes(program: Program, defines: dict[str, int]) -> None:
+    """A build must compile every buffer's dtype (AMK_DTYPES), but for the companions' where it names
+    their one dtype in AMK_QCOMP_DTYPE (their loads convert it themselves, compiled_dtypes). So an
+    experiment's AMK_DTYPES that leaves a dtype in use out, or an AMK_QCOMP_DTYPE the build does not
+    compile that is not the companions' (a build would read them as its own), is refused: either
+    would read some buffer with the wrong conversion."""
+    dtypes, qcomp = defines.get("AMK_DTYPES", 0x3F), defines.get("AMK_QCOMP_DTYPE", -1)
+    compiled = {d for d in DType if (dtypes >> int(d)) & 1}
+    companions = companion_dtype(program)
+    if qcomp >= 0 and DType(qcomp) not in compiled and (companions is None or int(companions) != qcomp):
+        raise VMRefused(f"the build's AMK_QCOMP_DTYPE={qcomp} is neither in its AMK_DTYPES={dtypes} nor the "
+                        f"dtype of every quantized weight's scales and zeros ({companions.name if companions else 'none'})")
+    apart = companions is not None and int(companions) == qcomp
+    need = compiled_dtypes(program) if apart else {b.dtype for b in program.buffers}
+    if missing := sorted(d.name for d in need - compiled):
+        raise VMRefused(f"the build's AMK_DTYPES={dtypes} leaves out dtypes the program's buffers have: "
+                        f"{', '.join(missing)}")
 
 
 def _refuse_if_rejected(program: Program, validation: Optional[ValidationResult]) -> None:
