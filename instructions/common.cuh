@@ -145,74 +145,40 @@ AMK_DEVICE float amk_half_to_f32(int dt, unsigned short h) {
   else return dt == AMK_DTYPE_BF16 ? amk_bf16_to_f32(h) : amk_f16_to_f32(h);
 }
 
-// log2 of a dtype's bits (amk_dtype_bits), by arithmetic: a table of 3-bit fields indexed by the dtype
-// (F32 5, F16 4, BF16 4, I32 5, I8 3, U4 2; 0 past U4). amk_dtype_bits keeps its own comparisons while
-// AMK_LOAD_BY_WIDTH is an experiment (so the default builds' code stays the measured one); adopted,
-// it becomes 1 << this.
-AMK_DEVICE int amk_dtype_log2_bits(int dt) {
-  constexpr unsigned long long TABLE = 5ull | 4ull << 3 | 4ull << 6 | 5ull << 9 | 3ull << 12 | 2ull << 15;
-  return (unsigned)dt <= (unsigned)AMK_DTYPE_U4 ? (int)((TABLE >> (3 * dt)) & 7) : 0;
-}
-
 // Code i of packed U4 data (low nibble first) as fp32.
 AMK_DEVICE float amk_u4_at(const char* p, amk_i64 i) {
   const unsigned char byte = ((const unsigned char*)p)[i >> 1];
   return (float)((i & 1) ? (byte >> 4) : (byte & 15));
 }
 
-// How many dtypes this build compiles (AMK_DTYPES).
-constexpr AMK_DEVICE int amk_dtype_count(unsigned mask) { return mask ? (int)(mask & 1) + amk_dtype_count(mask >> 1) : 0; }
-
-// AMK_LOAD_BY_WIDTH (experiment, 0 = off; eval/PERF_NOTES.md item 242): amk_load branches on the
-// element's width where the build compiles four or more dtypes (below).
-#ifndef AMK_LOAD_BY_WIDTH
-#define AMK_LOAD_BY_WIDTH 0
-#endif
-
 // Element i of a buffer as fp32. Cases for dtypes this build does not compile are left out
-// (AMK_DTYPES: the loader includes every dtype the program has, so a buffer of a dtype left out
-// cannot reach here). A switch over four or more dtypes compiles to a jump table (BRX, its target
-// read from the constant bank), as in every quantized build (F32, F16 scales, BF16, I32, I8 / U4):
-// 70-112 of them on sm_90, in the per-element loops of prologues, epilogues, the argmax and the
-// embedding. With AMK_LOAD_BY_WIDTH those builds branch on the element's width instead (at most
-// three a build), each width's dtypes (F32 / I32, F16 / BF16) told apart by a select; the float
-// builds keep the switch either way (a branch or two there).
+// (AMK_DTYPES: the loader includes every dtype the program has, but for the quantized weights'
+// companions, gemv.cuh amk_qcomp_load, so a buffer of a dtype left out cannot reach here). A switch
+// over four dtypes (a quantized build's F32, BF16, I32, I8 / U4) compiles to a jump table (BRX: 34 on
+// sm_90); branching on the element's width instead measured nothing (eval/PERF_NOTES.md item 242,
+// eval/patches/load_by_width_138c752.diff).
 AMK_DEVICE float amk_load(const AmkBuffer& b, amk_i64 i) {
   const char* p = (const char*)b.ptr;
-  if constexpr (AMK_LOAD_BY_WIDTH && amk_dtype_count(AMK_DTYPES) >= 4) {
-    const int dt = b.dtype, lg = amk_dtype_log2_bits(dt);
-    if ((AMK_WITH_DTYPE(AMK_DTYPE_F32) || AMK_WITH_DTYPE(AMK_DTYPE_I32)) && lg == 5) {
-      const unsigned w = ((const unsigned*)p)[i];
-      if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_I32)) return __uint_as_float(w);
-      else if constexpr (!AMK_WITH_DTYPE(AMK_DTYPE_F32)) return (float)(int)w;
-      else return dt == AMK_DTYPE_I32 ? (float)(int)w : __uint_as_float(w);
-    }
-    if ((AMK_WITH_DTYPE(AMK_DTYPE_F16) || AMK_WITH_DTYPE(AMK_DTYPE_BF16)) && lg == 4)
-      return amk_half_to_f32(dt, ((const unsigned short*)p)[i]);
-    if (AMK_WITH_DTYPE(AMK_DTYPE_I8) && lg == 3) return (float)((const signed char*)p)[i];
-    if (AMK_WITH_DTYPE(AMK_DTYPE_U4) && lg == 2) return amk_u4_at(p, i);
-  } else {
-    switch (b.dtype) {
-      case AMK_DTYPE_F32:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32)) return ((const float*)p)[i];
-        break;
-      case AMK_DTYPE_F16:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_f16_to_f32(((const unsigned short*)p)[i]);
-        break;
-      case AMK_DTYPE_BF16:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_bf16_to_f32(((const unsigned short*)p)[i]);
-        break;
-      case AMK_DTYPE_I32:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I32)) return (float)((const int*)p)[i];
-        break;
-      case AMK_DTYPE_I8:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I8)) return (float)((const signed char*)p)[i];
-        break;
-      case AMK_DTYPE_U4:
-        if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_U4)) return amk_u4_at(p, i);
-        break;
-      default: break;
-    }
+  switch (b.dtype) {
+    case AMK_DTYPE_F32:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F32)) return ((const float*)p)[i];
+      break;
+    case AMK_DTYPE_F16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_F16)) return amk_f16_to_f32(((const unsigned short*)p)[i]);
+      break;
+    case AMK_DTYPE_BF16:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_BF16)) return amk_bf16_to_f32(((const unsigned short*)p)[i]);
+      break;
+    case AMK_DTYPE_I32:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I32)) return (float)((const int*)p)[i];
+      break;
+    case AMK_DTYPE_I8:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_I8)) return (float)((const signed char*)p)[i];
+      break;
+    case AMK_DTYPE_U4:
+      if constexpr (AMK_WITH_DTYPE(AMK_DTYPE_U4)) return amk_u4_at(p, i);
+      break;
+    default: break;
   }
   return amk_nan();
 }

@@ -1,7 +1,6 @@
 """instructions/common.cuh amk_load (a buffer element as fp32, by its run-time dtype) compiled for the CPU
-(tests/emu/arch_emu.h), in the switch form and in AMK_LOAD_BY_WIDTH's (eval/PERF_NOTES.md item 242: a
-branch on the element's width, so that builds of four or more dtypes compile no jump table): every
-dtype each build compiles gives the value numpy's conversion gives, the same bits in both forms."""
+(tests/emu/arch_emu.h) with the loader's dtype masks: every dtype each build compiles gives the value
+numpy's conversion gives, bit for bit, edge values included."""
 
 from __future__ import annotations
 
@@ -28,19 +27,19 @@ extern "C" float amk_test_load(int dtype, const void* ptr, long long i) {
   return amk_load(b, i);
 }
 """
-# the loader's masks (AMK_DTYPES) of a float program, an int8 and an int4 one (F16 scales), and the
-# every-dtype build
-MASKS = {"float": 0x0D, "int8": 0x1F, "int4": 0x2F, "every": 0x3F}
+# the loader's masks (AMK_DTYPES) of a float program, an int8 and an int4 one (their F16 scales left
+# out, loader.compiled_dtypes), and the every-dtype build
+MASKS = {"float": 0x0D, "int8": 0x1D, "int4": 0x2D, "every": 0x3F}
 N = 257
 
 
-def load_fn(tmp: Path, mask: int, by_width: int):
+def load_fn(tmp: Path, mask: int):
     src = tmp / "load.cpp"
     src.write_text(SOURCE)
-    lib = tmp / f"load_{mask:x}_{by_width}.so"
+    lib = tmp / f"load_{mask:x}.so"
     vm_dir, ins_dir = source_dirs()
     subprocess.run([compiler(), "-std=c++20", "-O1", "-fPIC", "-shared", "-pthread", "-Wall", "-Wextra", "-Werror",
-                    "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", f"-DAMK_DTYPES={mask}", f"-DAMK_LOAD_BY_WIDTH={by_width}",
+                    "-Wno-unknown-pragmas", "-DAMK_ARCH_EMU", f"-DAMK_DTYPES={mask}",
                     f"-I{EMU_DIR}", f"-I{vm_dir}", f"-I{ins_dir}", str(src), "-o", str(lib)],
                    check=True, capture_output=True, text=True)
     fn = ctypes.CDLL(str(lib)).amk_test_load
@@ -67,14 +66,11 @@ def data(dt: DType, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("build", list(MASKS))
-def test_element_load_every_compiled_dtype_both_forms(tmp_path, build):
+def test_element_load_every_compiled_dtype(tmp_path, build):
     mask = MASKS[build]
-    switch, by_width = load_fn(tmp_path, mask, 0), load_fn(tmp_path, mask, 1)
+    load = load_fn(tmp_path, mask)
     rng = np.random.default_rng(mask)
-    dtypes = [dt for dt in DType if mask >> dt & 1]
-    for dt in dtypes:
+    for dt in [dt for dt in DType if mask >> dt & 1]:
         raw, want = data(dt, rng)
-        a = np.array([switch(int(dt), raw.ctypes.data, i) for i in range(N)], dtype=np.float32)
-        b = np.array([by_width(int(dt), raw.ctypes.data, i) for i in range(N)], dtype=np.float32)
-        assert np.array_equal(a.view(np.int32), want.view(np.int32)), dt.name
-        assert np.array_equal(b.view(np.int32), want.view(np.int32)), dt.name
+        got = np.array([load(int(dt), raw.ctypes.data, i) for i in range(N)], dtype=np.float32)
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), dt.name

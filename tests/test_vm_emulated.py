@@ -466,19 +466,6 @@ def test_xq_xsums_give_the_same_bits(tmp_path, monkeypatch, ahead):
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_load_by_width_gives_the_same_bits(tmp_path, monkeypatch, quant):
-    """AMK_LOAD_BY_WIDTH (eval/PERF_NOTES.md item 242: amk_load branched on the element's width, not a
-    jump table over the dtypes) in a lowered quantized model, whose build has five dtypes (F16 scales):
-    logits bit for bit the switch's, step after step (tests/test_element_load.py checks every dtype)."""
-    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, quant=quant,
-                      quant_group=32)
-    defines = {**knob_defines(prog), **PackedProgram(prog).defines}
-    assert bin(defines["AMK_DTYPES"]).count("1") >= 4
-    assert_same_bits(prog, t, tmp_path, defines, {"AMK_LOAD_BY_WIDTH": 1}, PROMPT, ["logits", "next_token"])
-
-
-@pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_companions_apart_give_the_same_bits(tmp_path, monkeypatch, quant):
     """The companions' dtype left out of AMK_DTYPES (eval/PERF_NOTES.md item 243, the loader's builds:
     the F16 scales of a bf16 model then compile no F16 copy of the ops' float loops; gemv.cuh

@@ -223,18 +223,12 @@ def test_device_memory_accounts_for_every_buffer():
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
 # builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
 # items 126, 131 and 224; AMK_ATTN_SCORE_HB=1, one head a score pass, against the default 4 of
-# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230; AMK_LOAD_BY_WIDTH=1,
-# amk_load branched on the element's width in the quantized builds, item 242)
-SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1", "AMK_LOAD_BY_WIDTH=1"]
+# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230)
+SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
 
 
-# each define with each weight format whose build it changes (a float build compiles three dtypes,
-# so AMK_LOAD_BY_WIDTH leaves it as it is)
-SAME_BITS_CASES = [(quant, defines) for defines in SAME_BITS_DEFINES for quant in [None, "int8", "int8_ahead", "int4_ahead"]
-                   if not (quant is None and defines == "AMK_LOAD_BY_WIDTH=1")]
-
-
-@pytest.mark.parametrize("quant,defines", SAME_BITS_CASES)
+@pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
+@pytest.mark.parametrize("quant", [None, "int8", "int8_ahead", "int4_ahead"])
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
 def test_same_bits_defines(monkeypatch, model, quant, defines):
     """A bf16 model (its specialized build, as benches run it; float or int8 weights, int8 in the
