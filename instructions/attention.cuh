@@ -265,12 +265,16 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // weights are compiled in; fewer in builds with quantized GEMV weights, whose rows take the
 // registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85; int8
 // 1B +1.5 % on an H200, item 224). Two in symmetric int8 builds of the loads-ahead loop (the int8
-// 1B -0.46 % on an H200, item 230), one in the others (int8 SmolLM2 shape +2.6 % with 3, item 224).
+// 1B -0.46 % on an H200, item 230); three in those of the plain loop since their F16 copies went
+// (the int8 SmolLM2 shape -1.80 %, item 244; +2.6 % in the larger build of item 224); one in the
+// others (int4, asymmetric int8).
 #ifndef AMK_ATTN_SCORE_HB
 #if ((AMK_GEMV_WDTYPES) & 0x30) == 0  // 0x30: I8, U4
 #define AMK_ATTN_SCORE_HB AMK_ATTN_HB
 #elif ((AMK_GEMV_WDTYPES) & 0x30) == 0x10 && AMK_GEMV_LOADS_AHEAD && !AMK_GEMV_I8_ZERO
 #define AMK_ATTN_SCORE_HB 2
+#elif ((AMK_GEMV_WDTYPES) & 0x30) == 0x10 && !AMK_GEMV_I8_ZERO
+#define AMK_ATTN_SCORE_HB 3
 #else
 #define AMK_ATTN_SCORE_HB 1
 #endif

@@ -498,7 +498,8 @@ def test_score_head_block_fills_blocks_evenly():
                                             ("smollm2-like", dict(quant="int8"), None)])
 def test_pack_score_block_define(model, cfg, want):
     """A float-weight program with 3 q heads a KV head (SmolLM2) builds its score pass with
-    blocks of 3 (2 q heads: 2); 4 keeps the kernel's default, and quantized builds keep theirs (1)."""
+    blocks of 3 (2 q heads: 2); 4 keeps the kernel's default, and quantized builds keep theirs (3 in
+    the plain loop's symmetric int8 build)."""
     from vm_cases import lowered
 
     prog, _ = lowered(model, dtype="bfloat16", **cfg)

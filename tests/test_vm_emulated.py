@@ -539,11 +539,12 @@ def test_combine_early_default_per_build(monkeypatch):
 
 def test_score_head_block_default_per_build(monkeypatch):
     """Heads the wide score pass scores together by default (instructions/attention.cuh;
-    eval/PERF_NOTES.md items 85, 224 and 230): 4 in float-weight builds, 2 in symmetric int8 builds
-    of the loads-ahead loop, 1 in every other quantized build and the every-dtype build."""
+    eval/PERF_NOTES.md items 85, 224, 230 and 244): 4 in float-weight builds, 2 in symmetric int8
+    builds of the loads-ahead loop, 3 in those of the plain loop, 1 in every other quantized build and
+    the every-dtype build."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     assert build_defaults("AMK_ATTN_SCORE_HB") == {
-        "generic": 1, "bf16": 4, "int8": 1, "int4": 1, "int8_asym": 1, "bf16_ahead": 4, "int8_ahead": 2,
+        "generic": 1, "bf16": 4, "int8": 3, "int4": 1, "int8_asym": 1, "bf16_ahead": 4, "int8_ahead": 2,
         "int4_ahead": 1, "bf16_oslices": 4, "bf16_fargmax": 4}
 
 

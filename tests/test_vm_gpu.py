@@ -223,7 +223,8 @@ def test_device_memory_accounts_for_every_buffer():
 # must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
 # builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
 # items 126, 131 and 224; AMK_ATTN_SCORE_HB=1, one head a score pass, against the default 4 of
-# float builds and 2 of symmetric int8 builds of the loads-ahead loop, item 230)
+# float builds, 2 of symmetric int8 builds of the loads-ahead loop (item 230) and 3 of those of the
+# plain loop (item 244))
 SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
 
 

@@ -403,7 +403,8 @@ def score_head_block(q_heads: int) -> int:
 def _score_block_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     """AMK_ATTN_SCORE_HB for the program's attention where it differs from the kernel's default:
     ATTN_HEAD_BLOCK heads in float-weight builds (quantized builds keep their defaults: two in
-    symmetric int8 builds of the loads-ahead loop, one in the others; instructions/attention.cuh)."""
+    symmetric int8 builds of the loads-ahead loop, three in those of the plain loop, one in the
+    others; instructions/attention.cuh)."""
     if gemv_wdtypes & {DType.I8, DType.U4}:
         return {}
     q_heads = {t.params.q_heads for t in program.tasks if t.params.op == Op.ATTN_PARTIAL}
