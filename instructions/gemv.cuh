@@ -176,7 +176,7 @@ AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
 }
 
 // Is the companions' one dtype (AMK_QCOMP_DTYPE) left out of AMK_DTYPES? The loader leaves it out
-// where no other buffer has it (PERF_NOTES item 243: the F16 scales of a bf16 model then compile no
+// where no other buffer has it (eval/PERF_NOTES.md item 243: the F16 scales of a bf16 model then compile no
 // F16 copy of the ops' float loops), and the companions' loads below convert it themselves. Where
 // the build compiles it they go through amk_load / amk_half_to_f32, as before (the same code).
 constexpr AMK_DEVICE bool amk_qcomp_apart() {

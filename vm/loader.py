@@ -670,8 +670,7 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
     if knobs.get("AMK_KV_HEAD_MAJOR") and not defines.get("AMK_KV_HEAD_MAJOR"):  # it would read rows as row-major
         raise VMRefused("the program's KV caches are head-major (kv_head_major), which a build with "
                         "AMK_KV_HEAD_MAJOR=0 does not read")
-    if specialize:
-        _refuse_missing_dtypes(program, defines)
+    _refuse_missing_dtypes(program, defines)
     return defines
 
 
@@ -681,10 +680,10 @@ def _refuse_missing_dtypes(program: Program, defines: dict[str, int]) -> None:
     experiment's AMK_DTYPES that leaves a dtype in use out, or an AMK_QCOMP_DTYPE the build does not
     compile that is not the companions' (a build would read them as its own), is refused: either
     would read some buffer with the wrong conversion."""
-    dtypes, qcomp = defines.get("AMK_DTYPES", 0x3F), defines.get("AMK_QCOMP_DTYPE", -1)
+    dtypes, qcomp = defines.get("AMK_DTYPES", 0x3F), defines.get("AMK_QCOMP_DTYPE", -1)  # (the kernel's defaults)
     compiled = {d for d in DType if (dtypes >> int(d)) & 1}
     companions = companion_dtype(program)
-    if qcomp >= 0 and DType(qcomp) not in compiled and (companions is None or int(companions) != qcomp):
+    if qcomp >= 0 and qcomp not in {int(d) for d in compiled} and (companions is None or int(companions) != qcomp):
         raise VMRefused(f"the build's AMK_QCOMP_DTYPE={qcomp} is neither in its AMK_DTYPES={dtypes} nor the "
                         f"dtype of every quantized weight's scales and zeros ({companions.name if companions else 'none'})")
     apart = companions is not None and int(companions) == qcomp
