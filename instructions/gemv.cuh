@@ -328,14 +328,34 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 #ifndef AMK_GEMV_WHOLE_VECS
 #define AMK_GEMV_WHOLE_VECS 0
 #endif
-template <bool PAIR>
+// AMK_GEMV_TAIL_TYPED (experiment, 0 = off; eval/PERF_NOTES.md item 245): a float tail's weights read
+// as the rows' own dtype (amk_load_as), not through amk_w_at (amk_load's switch over the build's
+// dtypes, a jump table in quantized builds, and the scale and zero loads float weights never have),
+// and quantized rows compiled without a tail: the validator aligns a quantized K slice to its group,
+// whose vectors amk_gemv_vec_ok requires whole, so no program that runs has one (amk_gemv_rows refuses
+// one). Less code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -16.4 KB, int4 -15.2 KB);
+// the same values.
+#ifndef AMK_GEMV_TAIL_TYPED
+#define AMK_GEMV_TAIL_TYPED 0
+#endif
+// Rows of weight dtype DT compiled without the tail (a vector-row slice of whole vectors only).
+template <int DT>
+constexpr bool amk_gemv_no_tail = AMK_GEMV_WHOLE_VECS || (AMK_GEMV_TAIL_TYPED && amk_quant_w<DT>);
+template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r,
                                       bool valid, int col0, int K, int L, int sub, float& s1, float& s2) {
-  if (!AMK_GEMV_WHOLE_VECS && valid) {
-    for (int col = col0 + sub; col < K; col += L) {
-      const float x = xs[xp.at(col)];
-      s1 += amk_w_at(w, r, col) * x;
-      if (PAIR) s2 += amk_w_at(w2, r, col) * x;
+  if constexpr (!amk_gemv_no_tail<DT>) {
+    if (valid) {
+      for (int col = col0 + sub; col < K; col += L) {
+        const float x = xs[xp.at(col)];
+        if constexpr (AMK_GEMV_TAIL_TYPED) {  // (float DT here)
+          s1 += amk_load_as<DT>(w.wb->ptr, w.off + r * w.stride + col) * x;
+          if (PAIR) s2 += amk_load_as<DT>(w2.wb->ptr, w2.off + r * w2.stride + col) * x;
+        } else {
+          s1 += amk_w_at(w, r, col) * x;
+          if (PAIR) s2 += amk_w_at(w2, r, col) * x;
+        }
+      }
     }
   }
   for (int k = L / 2; k > 0; k >>= 1) {
@@ -434,7 +454,7 @@ AMK_DEVICE void amk_gemv_row_vec(const AmkGemvW& w, const AmkGemvW& w2, const Am
       }
     }
   }
-  amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, valid, (K / F::VEC) * F::VEC, K, L, sub, s1, s2);
+  amk_gemv_row_tail_sum<DT, PAIR>(w, w2, xs, xp, r, valid, (K / F::VEC) * F::VEC, K, L, sub, s1, s2);
   a1 = s1;
   a2 = s2;
 }
@@ -871,7 +891,7 @@ AMK_DEVICE void amk_gemv_rows_ahead(const AmkGemvW& w, const AmkGemvW& w2, const
     const char* n2 = PAIR ? (row_end ? row_of(w2, rn) : p2) : nullptr;
     issue(n1, n2, rn, s + 1 < steps && rn < rows, jn);
     if (row_end) {  // the row's tail, reduction and store, under the next round's loads
-      amk_gemv_row_tail_sum<PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
+      amk_gemv_row_tail_sum<DT, PAIR>(w, w2, xs, xp, r, ok, nvec * F::VEC, K, L, sub, s1, s2);
       if (sub == 0 && ok) {
         acc[r * m] = s1;
         if (PAIR) acc[r * m + 1] = s2;
@@ -915,9 +935,9 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   const bool vec = amk_gemv_vec_ok<DT>(w, K, grp) && (!PAIR || amk_gemv_vec_ok<DT>(w2, K, grp2)) &&
                    (!amk_xq_on<DT> || amk_gemv_xq_fits<DT>(K, xp));  // (else x stays float: the scalar rows)
   constexpr int m = PAIR ? 2 : 1;
-#if AMK_GEMV_WHOLE_VECS
-  if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
-#endif
+  if constexpr (amk_gemv_no_tail<DT>) {
+    if (vec && K % AmkWFmt<DT>::VEC != 0) return false;  // a tail past the whole vectors: left out
+  }
 #if AMK_GEMV_Q_MMA
   if constexpr (amk_quant_w<DT>) {
     if (amk_gemv_q_mma_takes_dt<DT>(w, w2, K)) {

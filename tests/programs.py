@@ -232,6 +232,7 @@ class GemvCase:
     vocab: int = 4
     kv_capacity: int = 8
     x_scale: float = 1.0  # x's magnitude (e.g. beyond the halves' range, for AMK_GEMV_I8_MMA)
+    split_align: Optional[int] = None  # the split-K slices' alignment (default: quantized, the group; else 1)
 
 
 def gemv_program(c: GemvCase, seed: int = 0):
@@ -294,7 +295,7 @@ def gemv_program(c: GemvCase, seed: int = 0):
 
     align = c.head_dim if c.head_dim else 1
     slabs = parts(c.rows, c.slabs, align)
-    splits = parts(c.k, c.split_k, c.group if c.quant else 1)
+    splits = parts(c.k, c.split_k, c.split_align or (c.group if c.quant else 1))
     gemv = b.stage("gemv")
     part = b.buf("partials", K.SCRATCH, [c.split_k, c.rows * m]) if c.split_k > 1 else None
     for r0, rows in slabs:

@@ -495,6 +495,32 @@ def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
     run_xq_case(emu, name, [1, 3, 0])
 
 
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_typed_tail_gives_the_same_bits(tmp_path, monkeypatch, ahead):
+    """AMK_GEMV_TAIL_TYPED (eval/PERF_NOTES.md item 245, an experiment): a float tail read as the rows'
+    dtype, not through amk_w_at: y bit for bit the same, in both rows loops (split_k_tail's first
+    slice is 5 vectors and a tail of 2 columns)."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = case_program("split_k_tail")
+    defines = {**knob_defines(prog), "AMK_GEMV_LOADS_AHEAD": ahead}
+    assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_TAIL_TYPED": 1}, [1, 3, 0], ["y"])
+
+
+@pytest.mark.parametrize("quant,align", [("i8", 8), ("u4", 16)])
+def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
+    """With AMK_GEMV_TAIL_TYPED the quantized rows have no tail: the validator aligns a quantized K
+    slice to its group, which the vector rows require whole vectors of, so no program that runs has
+    one; a program built past the validator with one gets "unsupported dtype", not a wrong sum."""
+    from amk.schedule.validate import validate
+
+    group = 2 * align  # slices of 1.5 groups: the first a whole vector or two and half of one more
+    prog, t = gemv_program(GemvCase(rows=24, k=5 * group, quant=quant, group=group, split_k=2, split_align=align), seed=5)
+    assert "align to the group" in validate(prog).summary()
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_TAIL_TYPED=1")
+    with pytest.raises(VMError, match="unsupported dtype"):
+        emu(prog, t).run_step(2, 0)
+
+
 def build_macros(defines: dict, unforced: str = "") -> dict[str, str]:
     """The macros the kernel sources define for a build's -D set, from the preprocessor (the
     emulator's compiler): name -> its text. `unforced`: a macro the emulator's own flags set (e.g.
