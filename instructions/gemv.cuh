@@ -333,8 +333,8 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 // dtypes, a jump table in quantized builds, and the scale and zero loads float weights never have),
 // and quantized rows compiled without a tail: the validator aligns a quantized K slice to its group,
 // whose vectors amk_gemv_vec_ok requires whole, so no program that runs has one (amk_gemv_rows refuses
-// one). Less code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -16.4 KB, int4 -15.2 KB);
-// the same values.
+// one). Less code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -15.5 KB, int4 -14.7 KB,
+// but int4 then spills 4 / 4 B and int4_ahead 8 / 8 B); the same values.
 #ifndef AMK_GEMV_TAIL_TYPED
 #define AMK_GEMV_TAIL_TYPED 0
 #endif
