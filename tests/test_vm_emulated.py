@@ -574,6 +574,19 @@ def test_score_head_block_default_per_build(monkeypatch):
         "int4_ahead": 1, "bf16_oslices": 4, "bf16_fargmax": 4}
 
 
+def test_gpu_same_bits_cases_change_their_builds(monkeypatch):
+    """Every define of the GPU's test_same_bits_defines changes the default of the weight format it is
+    paired with (the loader's build of it, compile_check.SPECIALIZED): a pair of one build twice could
+    not fail (session 67 found int4 and int8_ahead pairs of that kind and dropped them)."""
+    from test_vm_gpu import SAME_BITS_CASES
+
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    build_of = {None: "bf16", "int8": "int8", "int8_ahead": "int8_ahead"}
+    for quant, define in SAME_BITS_CASES:
+        name, value = define.split("=")
+        assert build_defaults(name)[build_of[quant]] != int(value), (quant, define)
+
+
 def test_attention_row_hints_off_by_default(monkeypatch):
     """The attention partials' wait-time K/V row hints are off unless a build asks for them
     (vm/megakernel.cu AMK_PREFETCH_ATTN_ROWS; eval/PERF_NOTES.md item 234: on, they cost the 1B 1.0 %)."""

@@ -220,21 +220,22 @@ def test_device_memory_accounts_for_every_buffer():
 
 
 # VM defines that change how the scheduler loop or an op computes, never what: a build with each
-# must give the same bits as the build without it (AMK_COMBINE_EARLY, on by default in float
-# builds and in symmetric int8 builds of the plain GEMV loop, against its off; eval/PERF_NOTES.md
-# items 126, 131 and 224; AMK_ATTN_SCORE_HB=1, one head a score pass, against the default 4 of
-# float builds, 2 of symmetric int8 builds of the loads-ahead loop (item 230) and 3 of those of the
-# plain loop (item 244))
-SAME_BITS_DEFINES = ["AMK_COMBINE_EARLY=0", "AMK_ATTN_SCORE_HB=1"]
+# must give the same bits as the build without it. Each with the weight formats whose default it
+# changes (a pair of one build twice could not fail; test_vm_emulated checks the list): AMK_COMBINE_EARLY=0
+# against its default on in float builds and in symmetric int8 builds of the plain GEMV loop
+# (eval/PERF_NOTES.md items 126, 131 and 224); AMK_ATTN_SCORE_HB=1, one head a score pass, against the
+# default 4 of float builds, 2 of symmetric int8 builds of the loads-ahead loop (item 230) and 3 of those
+# of the plain loop (item 244)
+SAME_BITS_CASES = [(None, "AMK_COMBINE_EARLY=0"), ("int8", "AMK_COMBINE_EARLY=0"),
+                   (None, "AMK_ATTN_SCORE_HB=1"), ("int8", "AMK_ATTN_SCORE_HB=1"), ("int8_ahead", "AMK_ATTN_SCORE_HB=1")]
 
 
-@pytest.mark.parametrize("defines", SAME_BITS_DEFINES)
-@pytest.mark.parametrize("quant", [None, "int8", "int8_ahead", "int4_ahead"])
+@pytest.mark.parametrize("quant,defines", SAME_BITS_CASES)
 @pytest.mark.parametrize("model", ["smollm2-like", "llama-gqa-tied"])
 def test_same_bits_defines(monkeypatch, model, quant, defines):
     """A bf16 model (its specialized build, as benches run it; float or int8 weights, int8 in the
-    plain GEMV loop's build and in the loads-ahead loop's, and int4 in the loads-ahead loop's: the
-    quantized loads-ahead builds pack x for integer dots) over 40 steps, each a launch, with 4
+    plain GEMV loop's build and in the loads-ahead loop's, which packs x for integer dots) over 40
+    steps, each a launch, with 4
     attention splits of 8-position blocks (3 of them hold rows by the end, so the combine sums
     real splits): logits bit-identical with and without the define, and within tolerance of the
     ReferenceVM in fp32 (so both builds are right, not only alike)."""
