@@ -176,9 +176,11 @@ AMK_DEVICE float amk_dequant(const AmkGemvW& w, float q, float s, float z) {
 }
 
 // Is the companions' one dtype (AMK_QCOMP_DTYPE) left out of AMK_DTYPES? The loader leaves it out
-// where no other buffer has it (eval/PERF_NOTES.md item 243: the F16 scales of a bf16 model then compile no
-// F16 copy of the ops' float loops), and the companions' loads below convert it themselves. Where
-// the build compiles it they go through amk_load / amk_half_to_f32, as before (the same code).
+// where no other buffer has it (eval/PERF_NOTES.md item 243: the F16 scales of a bf16 model then
+// compile no F16 copy of the ops' float loops), and the companions' loads below convert it
+// themselves. Where the build compiles it they go through amk_load / amk_half_to_f32, as before
+// (the same code). (amk_half_to_f32 keeps its shortcut for the buffers of AMK_DTYPES: taking the
+// companions' dtype into it would make the KV rows' conversion a run-time select.)
 constexpr AMK_DEVICE bool amk_qcomp_apart() {
   return AMK_QCOMP_DTYPE >= 0 && (((AMK_DTYPES) >> (AMK_QCOMP_DTYPE & 31)) & 1) == 0;
 }
@@ -206,9 +208,12 @@ AMK_DEVICE float amk_w_zero(const AmkGemvW& w, int r, int c) {
   return w.zb ? amk_qcomp_load(*w.zb, w.zoff + r * w.zstride + (w.k_lo + c) / w.group - w.g0) : 0.0f;
 }
 
+// Where element (r, c) of the slab sits in its buffer.
+AMK_DEVICE amk_i64 amk_w_elem(const AmkGemvW& w, int r, int c) { return w.off + r * w.stride + c; }
+
 // Element (r, c) of the slab, dequantized: the scalar path (tails, unaligned slabs).
 AMK_DEVICE float amk_w_at(const AmkGemvW& w, int r, int c) {
-  const float q = amk_load(*w.wb, w.off + r * w.stride + c);
+  const float q = amk_load(*w.wb, amk_w_elem(w, r, c));
   return amk_dequant(w, q, amk_w_scale(w, r, c), amk_w_zero(w, r, c));
 }
 
@@ -349,8 +354,8 @@ AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, con
       for (int col = col0 + sub; col < K; col += L) {
         const float x = xs[xp.at(col)];
         if constexpr (AMK_GEMV_TAIL_TYPED) {  // (float DT here)
-          s1 += amk_load_as<DT>(w.wb->ptr, w.off + r * w.stride + col) * x;
-          if (PAIR) s2 += amk_load_as<DT>(w2.wb->ptr, w2.off + r * w2.stride + col) * x;
+          s1 += amk_load_as<DT>(w.wb->ptr, amk_w_elem(w, r, col)) * x;
+          if (PAIR) s2 += amk_load_as<DT>(w2.wb->ptr, amk_w_elem(w2, r, col)) * x;
         } else {
           s1 += amk_w_at(w, r, col) * x;
           if (PAIR) s2 += amk_w_at(w2, r, col) * x;

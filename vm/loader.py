@@ -683,10 +683,10 @@ def _refuse_missing_dtypes(program: Program, defines: dict[str, int]) -> None:
     dtypes, qcomp = defines.get("AMK_DTYPES", 0x3F), defines.get("AMK_QCOMP_DTYPE", -1)  # (the kernel's defaults)
     compiled = {d for d in DType if (dtypes >> int(d)) & 1}
     companions = companion_dtype(program)
-    if qcomp >= 0 and qcomp not in {int(d) for d in compiled} and (companions is None or int(companions) != qcomp):
+    apart = companions is not None and int(companions) == qcomp  # (the companions' loads convert it)
+    if qcomp >= 0 and not (dtypes >> qcomp) & 1 and not apart:
         raise VMRefused(f"the build's AMK_QCOMP_DTYPE={qcomp} is neither in its AMK_DTYPES={dtypes} nor the "
                         f"dtype of every quantized weight's scales and zeros ({companions.name if companions else 'none'})")
-    apart = companions is not None and int(companions) == qcomp
     need = compiled_dtypes(program) if apart else {b.dtype for b in program.buffers}
     if missing := sorted(d.name for d in need - compiled):
         raise VMRefused(f"the build's AMK_DTYPES={dtypes} leaves out dtypes the program's buffers have: "
