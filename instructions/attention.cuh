@@ -264,16 +264,18 @@ AMK_DEVICE float amk_attn_v16_half(const amk_u32x4& v, int i, int dt) {
 // Heads a block of the wide score pass scores together: 4 (AMK_ATTN_HB) where only float
 // weights are compiled in; fewer in builds with quantized GEMV weights, whose rows take the
 // registers four heads' chains would hold (4 measured int8 / int4 1B +0.6-1.2 %, item 85; int8
-// 1B +1.5 % on an H200, item 224). Two in symmetric int8 builds of the loads-ahead loop (the int8
-// 1B -0.46 % on an H200, item 230); three in those of the plain loop since their F16 copies went
-// (the int8 SmolLM2 shape -1.80 %, item 244; +2.6 % in the larger build of item 224); one in the
-// others (int4, asymmetric int8).
+// 1B +1.5 % on an H200, item 224). In builds of one symmetric weight format (int8 or int4) two in
+// the loads-ahead loop, three in the plain one (the loader picks the block for the program's q heads
+// a KV head, at most three: vm/loader.py score_head_block), as measured on an H200: the int8 1B
+// -0.46 % (item 230), the int8 SmolLM2 shape -1.80 % (item 244; +2.6 % in the larger build of item
+// 224), the int4 SmolLM2 shape -1.23 % and the int4 1B -0.91 % (item 246). One in the others
+// (asymmetric int8, both formats).
 #ifndef AMK_ATTN_SCORE_HB
 #if ((AMK_GEMV_WDTYPES) & 0x30) == 0  // 0x30: I8, U4
 #define AMK_ATTN_SCORE_HB AMK_ATTN_HB
-#elif ((AMK_GEMV_WDTYPES) & 0x30) == 0x10 && AMK_GEMV_LOADS_AHEAD && !AMK_GEMV_I8_ZERO
+#elif ((AMK_GEMV_WDTYPES) & 0x30) != 0x30 && AMK_GEMV_LOADS_AHEAD && !AMK_GEMV_I8_ZERO
 #define AMK_ATTN_SCORE_HB 2
-#elif ((AMK_GEMV_WDTYPES) & 0x30) == 0x10 && !AMK_GEMV_I8_ZERO
+#elif ((AMK_GEMV_WDTYPES) & 0x30) != 0x30 && !AMK_GEMV_I8_ZERO
 #define AMK_ATTN_SCORE_HB 3
 #else
 #define AMK_ATTN_SCORE_HB 1

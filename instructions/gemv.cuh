@@ -333,15 +333,21 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 #ifndef AMK_GEMV_WHOLE_VECS
 #define AMK_GEMV_WHOLE_VECS 0
 #endif
-// AMK_GEMV_TAIL_TYPED (experiment, 0 = off; eval/PERF_NOTES.md item 245): a float tail's weights read
-// as the rows' own dtype (amk_load_as), not through amk_w_at (amk_load's switch over the build's
-// dtypes, a jump table in quantized builds, and the scale and zero loads float weights never have),
-// and quantized rows compiled without a tail: the validator aligns a quantized K slice to its group,
-// whose vectors amk_gemv_vec_ok requires whole, so no program that runs has one (amk_gemv_rows refuses
-// one). Less code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -15.5 KB, int4 -14.7 KB,
-// but int4 then spills 4 / 4 B and int4_ahead 8 / 8 B); the same values.
+// AMK_GEMV_TAIL_TYPED (1 = on; eval/PERF_NOTES.md item 245): a float tail's weights read as the rows'
+// own dtype (amk_load_as), not through amk_w_at (amk_load's switch over the build's dtypes, a jump
+// table in quantized builds, and the scale and zero loads float weights never have), and quantized
+// rows compiled without a tail: the validator aligns a quantized K slice to its group, whose vectors
+// amk_gemv_vec_ok requires whole, so no program that runs has one (amk_gemv_rows refuses one). Less
+// code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -15.5 KB, int4 -14.7 KB); the same
+// values. On an H200: the int8 SmolLM2 shape -1.04 %, the int4 1B (loads ahead; spilling 8 / 8 B on
+// sm_90 with it) -1.25 %, the bf16 SmolLM2 shape -0.11 %; but the int4 SmolLM2 shape +1.00 % (its
+// plain loop spills 4 / 4 B with it), so int4 builds of the plain loop keep the tail as it was.
 #ifndef AMK_GEMV_TAIL_TYPED
+#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 && !AMK_GEMV_LOADS_AHEAD  // 0x20: U4
 #define AMK_GEMV_TAIL_TYPED 0
+#else
+#define AMK_GEMV_TAIL_TYPED 1
+#endif
 #endif
 // Rows of weight dtype DT compiled without the tail (a vector-row slice of whole vectors only).
 template <int DT>

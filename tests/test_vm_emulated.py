@@ -497,12 +497,12 @@ def test_gemv_xq_xsums(emu, tmp_path, monkeypatch, name, ahead):
 
 @pytest.mark.parametrize("ahead", [0, 1])
 def test_typed_tail_gives_the_same_bits(tmp_path, monkeypatch, ahead):
-    """AMK_GEMV_TAIL_TYPED (eval/PERF_NOTES.md item 245, an experiment): a float tail read as the rows'
-    dtype, not through amk_w_at: y bit for bit the same, in both rows loops (split_k_tail's first
-    slice is 5 vectors and a tail of 2 columns)."""
+    """AMK_GEMV_TAIL_TYPED (eval/PERF_NOTES.md item 245): a float tail read as the rows' dtype, not
+    through amk_w_at: y bit for bit the same, in both rows loops (split_k_tail's first slice is 5
+    vectors and a tail of 2 columns)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = case_program("split_k_tail")
-    defines = {**knob_defines(prog), "AMK_GEMV_LOADS_AHEAD": ahead}
+    defines = {**knob_defines(prog), "AMK_GEMV_LOADS_AHEAD": ahead, "AMK_GEMV_TAIL_TYPED": 0}
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_TAIL_TYPED": 1}, [1, 3, 0], ["y"])
 
 
@@ -565,13 +565,23 @@ def test_combine_early_default_per_build(monkeypatch):
 
 def test_score_head_block_default_per_build(monkeypatch):
     """Heads the wide score pass scores together by default (instructions/attention.cuh;
-    eval/PERF_NOTES.md items 85, 224, 230 and 244): 4 in float-weight builds, 2 in symmetric int8
-    builds of the loads-ahead loop, 3 in those of the plain loop, 1 in every other quantized build and
-    the every-dtype build."""
+    eval/PERF_NOTES.md items 85, 224, 230, 244 and 246): 4 in float-weight builds, 2 in symmetric int8
+    and int4 builds of the loads-ahead loop, 3 in those of the plain loop, 1 in asymmetric int8 builds
+    and the every-dtype build."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     assert build_defaults("AMK_ATTN_SCORE_HB") == {
-        "generic": 1, "bf16": 4, "int8": 3, "int4": 1, "int8_asym": 1, "bf16_ahead": 4, "int8_ahead": 2,
-        "int4_ahead": 1, "bf16_oslices": 4, "bf16_fargmax": 4}
+        "generic": 1, "bf16": 4, "int8": 3, "int4": 3, "int8_asym": 1, "bf16_ahead": 4, "int8_ahead": 2,
+        "int4_ahead": 2, "bf16_oslices": 4, "bf16_fargmax": 4}
+
+
+def test_typed_tail_default_per_build(monkeypatch):
+    """Which builds read a float rows tail as its dtype and compile quantized rows without a tail
+    (instructions/gemv.cuh AMK_GEMV_TAIL_TYPED; eval/PERF_NOTES.md item 245): all but the int4 builds
+    of the plain loop, and the every-dtype build, which has int4 and the plain loop."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    assert build_defaults("AMK_GEMV_TAIL_TYPED") == {
+        "generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 1, "bf16_ahead": 1, "int8_ahead": 1,
+        "int4_ahead": 1, "bf16_oslices": 1, "bf16_fargmax": 1}
 
 
 def test_gpu_same_bits_cases_change_their_builds(monkeypatch):

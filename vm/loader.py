@@ -392,26 +392,36 @@ def _op_defines(program: Program) -> dict[str, int]:
     return {"AMK_OPS": ops, "AMK_EPILOGUES": epilogues, "AMK_EPI_BIAS": int(bias), "AMK_EPI_HEAD_NORM": int(head_norm)}
 
 
-def score_head_block(q_heads: int) -> int:
+def score_head_block(q_heads: int, cap: int = ATTN_HEAD_BLOCK) -> int:
     """Heads the wide score pass scores together (AMK_ATTN_SCORE_HB) for q_heads q heads a KV
-    head: blocks of at most ATTN_HEAD_BLOCK, as few as possible, as even as possible, so that
-    few re-score a head past the last (SmolLM2's 3 in a block of 4 scored one twice)."""
-    blocks = -(-q_heads // ATTN_HEAD_BLOCK)
+    head: blocks of at most `cap`, as few as possible, as even as possible, so that few re-score
+    a head past the last (SmolLM2's 3 in a block of 4 scored one twice)."""
+    blocks = -(-q_heads // cap)
     return -(-q_heads // blocks)
 
 
+# The most heads a score block holds in builds of one symmetric quantized weight format, whose rows
+# take the registers a fourth head's chains would hold (instructions/attention.cuh; eval/PERF_NOTES.md
+# items 230, 244 and 246: 3 for SmolLM2's 3 q heads a KV head, 2 for the 1B's 4, int8 and int4).
+QUANT_SCORE_BLOCK = 3
+
+
 def _score_block_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
-    """AMK_ATTN_SCORE_HB for the program's attention where it differs from the kernel's default:
-    ATTN_HEAD_BLOCK heads in float-weight builds (quantized builds keep their defaults: two in
-    symmetric int8 builds of the loads-ahead loop, three in those of the plain loop, one in the
-    others; instructions/attention.cuh)."""
-    if gemv_wdtypes & {DType.I8, DType.U4}:
-        return {}
+    """AMK_ATTN_SCORE_HB for the program's attention (one q heads count a KV head): in float-weight
+    builds blocks of at most ATTN_HEAD_BLOCK, the define only where that differs from the kernel's
+    default (ATTN_HEAD_BLOCK); in builds of one symmetric quantized format (int8 or int4) blocks of at
+    most QUANT_SCORE_BLOCK, always given (the kernel's default there depends on the rows loop); the
+    others (asymmetric int8, both formats) keep the kernel's default, one head a pass."""
     q_heads = {t.params.q_heads for t in program.tasks if t.params.op == Op.ATTN_PARTIAL}
     if len(q_heads) != 1:
         return {}
-    hb = score_head_block(q_heads.pop())
-    return {} if hb == ATTN_HEAD_BLOCK else {"AMK_ATTN_SCORE_HB": hb}
+    quantized = gemv_wdtypes & {DType.I8, DType.U4}
+    if not quantized:
+        hb = score_head_block(q_heads.pop())
+        return {} if hb == ATTN_HEAD_BLOCK else {"AMK_ATTN_SCORE_HB": hb}
+    if len(quantized) > 1 or _has_i8_zeros(program):
+        return {}
+    return {"AMK_ATTN_SCORE_HB": score_head_block(q_heads.pop(), QUANT_SCORE_BLOCK)}
 
 
 def attn_wide_rows(buffer: Buffer, off: int, head_dim: int) -> bool:
