@@ -558,9 +558,9 @@ def _xq_define(program: Program, gemv_wdtypes: set[DType]) -> dict[str, int]:
     -3.0 %, the int4 1B -4.69 %, the int8 8B -6.9 %, the int4 8B -12.9 %, the int4 SmolLM2 shape -3.75 %).
     int4 in either rows loop; int8 only in the loads-ahead loop, where the pack runs under the first
     loads: the plain loop packs ahead of its rows, and there the int8 SmolLM2 shape lost (+0.67 %,
-    item 240), int4 gaining for its costlier float dot. Not asymmetric int8 nor int8 beside int4, not
-    measured; not AMD targets (no dp2a); not where x is left unpadded (AMK_GEMV_XPAD=0) or the program
-    names a code unpack strategy."""
+    item 240; +1.47 % in the smaller build of item 247), int4 gaining for its costlier float dot. Not
+    asymmetric int8 nor int8 beside int4, not measured; not AMD targets (no dp2a); not where x is left
+    unpadded (AMK_GEMV_XPAD=0) or the program names a code unpack strategy."""
     quantized = gemv_wdtypes & {DType.I8, DType.U4}
     ahead = _vm_meta(program).get("gemv_loads_ahead") is True
     if (len(quantized) != 1 or _has_i8_zeros(program)
