@@ -277,9 +277,23 @@ AMK_DEVICE_NOINLINE amk_i64 amk_flat_runs(amk_i64 off, amk_i64 stride, int len, 
   return off + run * stride + (i - run * len);
 }
 
+// AMK_FLAT_RUNS (1 = on; experiment, eval/PERF_NOTES.md item 249): 0 compiles amk_flat as one run, o.off + i,
+// without amk_flat_runs' call (its argument set-up and the registers kept across it at every call site:
+// sm_90 bf16 247,680 -> 228,096 B, int8 278,272 -> 254,464 B). Only where no operand the kernel reads
+// through amk_flat has several runs apart: the operands of several runs in the programs the lowering
+// makes (weights, scales and zeros, the embedding table, split-K and o_proj_kv_slices partials) are
+// addressed run by run (off + k * stride) instead (vm/loader.py flat_runs_needed, and the refusal of
+// a build with 0 for a program that needs the runs).
+#ifndef AMK_FLAT_RUNS
+#define AMK_FLAT_RUNS 1
+#endif
 // Element i of a flat operand (the union of its count runs, in order).
 AMK_DEVICE amk_i64 amk_flat(const AmkOperand& o, amk_i64 i) {
+#if AMK_FLAT_RUNS
   return o.count <= 1 ? o.off + i : amk_flat_runs(o.off, o.stride, o.len, i);
+#else
+  return o.off + i;
+#endif
 }
 
 // AMK_KV_HEAD_MAJOR: the program has head-major KV caches (meta['vm']['kv_head'], vm/kv_layout.py), which

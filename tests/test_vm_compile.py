@@ -492,6 +492,24 @@ def test_pack_prefetch_min_kb_leaves_small_gemv_tasks_unhinted():
     assert any(m == 0 for m in some) and any(m != 0 for m in some)
 
 
+def test_flat_runs_needed_only_for_runs_apart_read_flat():
+    """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md item 249) compiles amk_flat as one run: allowed for every
+    program the lowering makes, whose operands of several runs apart (weights, scales, the embedding
+    table, split-K and o_proj_kv_slices partials) are addressed run by run; refused for an operand the
+    kernel reads through amk_flat in runs apart (vm_cases.runs_apart_program)."""
+    from vm_cases import LOWERED, lowered, runs_apart_program
+
+    for case, cfg in LOWERED.items():
+        prog, _ = lowered(case.split("/")[0], dtype="bfloat16", **cfg)
+        assert not loader.flat_runs_needed(prog), case
+        assert loader.build_defines(prog, experiments={"AMK_FLAT_RUNS": 0})["AMK_FLAT_RUNS"] == 0
+    prog, _ = runs_apart_program()
+    assert loader.flat_runs_needed(prog)
+    with pytest.raises(loader.VMRefused, match="AMK_FLAT_RUNS=0"):
+        loader.build_defines(prog, experiments={"AMK_FLAT_RUNS": 0})
+    assert loader.build_defines(prog).get("AMK_FLAT_RUNS", 1) == 1
+
+
 def test_score_head_block_fills_blocks_evenly():
     # (q heads a KV head, heads a score block): as few blocks of <= 4 (<= 3) as possible, evenly filled
     assert [(q, loader.score_head_block(q)) for q in (1, 2, 3, 4, 5, 6, 7, 8, 12)] == \

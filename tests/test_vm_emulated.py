@@ -31,6 +31,7 @@ from vm_cases import (
     Q_MMA_CASES,
     Q_MMA_DEFINES,
     HALF_WEIGHT_CASES,
+    LOWERED,
     PROMPT,
     UNFUSED,
     XQ_CASES,
@@ -40,6 +41,7 @@ from vm_cases import (
     cast_weights,
     close,
     elementwise_program,
+    runs_apart_program,
     hang_program,
     hf_model,
     lowered,
@@ -519,6 +521,30 @@ def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_TAIL_TYPED=1")
     with pytest.raises(VMError, match="unsupported dtype"):
         emu(prog, t).run_step(2, 0)
+
+
+@pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/int8_asym_split_k", "llama-gqa-tied/o_proj_kv_slices",
+                                  "llama-gqa-tied/o_proj_kv_slices_int4"])
+def test_flat_runs_off_gives_the_same_bits(tmp_path, monkeypatch, case):
+    """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md item 249, an experiment) where the loader allows it: the
+    logits bit for bit the same over a prompt. These programs have operands of runs apart (K slices of
+    the GEMV weights, scales and zeros; split-K and o_proj_kv_slices partials), which the kernel
+    addresses run by run (runs that abut, as whole rows, read the same either way)."""
+    from amk.vm.loader import flat_runs_needed
+
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = lowered(case.split("/")[0], dtype="bfloat16", max_queues=4, threads_per_block=64, **LOWERED[case])
+    assert not flat_runs_needed(prog) and any(o.count > 1 and o.stride != o.len for x in prog.tasks for o in x.inputs)
+    assert_same_bits(prog, t, tmp_path, knob_defines(prog), {"AMK_FLAT_RUNS": 0}, PROMPT, ["logits"])
+
+
+def test_flat_runs_off_misreads_runs_apart_read_flat(tmp_path, monkeypatch):
+    """The refusal's reason (loader.flat_runs_needed): an ADD's input in two runs apart, read as one run
+    by a build with AMK_FLAT_RUNS=0, gives another y."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = runs_apart_program()
+    with pytest.raises(AssertionError, match="y"):
+        assert_same_bits(prog, t, tmp_path, knob_defines(prog), {"AMK_FLAT_RUNS": 0}, [0, 3], ["y"])
 
 
 def build_macros(defines: dict, unforced: str = "") -> dict[str, str]:

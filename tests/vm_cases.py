@@ -229,6 +229,18 @@ def elementwise_program():
     return b.build(), {f"{m}_table": 3 * torch.randn(vocab, n, generator=gen) for m in ("g", "u", "r")}
 
 
+def runs_apart_program():
+    """elementwise_program with its first ADD tile reading r in two runs apart, r[0:64] and r[150:214]
+    (an operand the kernel reads through amk_flat: what loader.flat_runs_needed looks for)."""
+    from amk.schedule.ir import Op
+
+    prog, tensors = elementwise_program()
+    tasks = list(prog.tasks)
+    i = next(i for i, t in enumerate(tasks) if t.params.op == Op.ADD and t.inputs[1].off == 0)
+    r = tasks[i].inputs[1].model_copy(update=dict(len=64, count=2, stride=150))
+    tasks[i] = tasks[i].model_copy(update=dict(inputs=[tasks[i].inputs[0], r]))
+    return prog.model_copy(update=dict(tasks=tasks)), tensors
+
 def hang_program():
     """x = a + b, then y = x + b where `second` waits for 2 signals of a counter that only
     one task signals: it can never run (the validator rejects this program)."""

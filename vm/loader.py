@@ -681,7 +681,44 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
         raise VMRefused("the program's KV caches are head-major (kv_head_major), which a build with "
                         "AMK_KV_HEAD_MAJOR=0 does not read")
     _refuse_missing_dtypes(program, defines)
+    _refuse_flat_runs_off(program, defines)
     return defines
+
+
+# Roles whose operands the device addresses run by run (off + k * stride), never through amk_flat: the
+# GEMV weights with their scales and zeros (a row a run, gemv.cuh AmkGemvW), the GEMV's x and residual
+# partials and the split-K REDUCE's (a partial a run), and the embedding table (a row per token).
+RUN_ADDRESSED_ROLES = {Op.GEMV: frozenset({*GEMV_PREFETCH_ROLES, "x_part", "res_part"}),
+                       Op.REDUCE: frozenset({"partials"}), Op.EMBED: frozenset({"table"})}
+
+
+def flat_runs_needed(program: Program) -> bool:
+    """Does an operand the device reads or writes through amk_flat have several runs apart (count > 1,
+    stride != len; runs that abut are one)? Then the build needs amk_flat's runs (AMK_FLAT_RUNS,
+    instructions/common.cuh). Every operand but those of RUN_ADDRESSED_ROLES counts; no program the
+    lowering makes has one (tests/test_vm_compile.py), a hand-built one may."""
+    by_id = {b.id: b for b in program.buffers}
+
+    def gapped(o) -> bool:
+        return o.count > 1 and o.stride != o.len
+
+    for t in program.tasks:
+        p = t.params
+        wb = by_id[t.inputs[0].buf] if p.op == Op.GEMV and t.inputs else None
+        by_run = RUN_ADDRESSED_ROLES.get(p.op, frozenset())
+        if any(gapped(o) and role not in by_run for role, o in zip(weight_input_roles(p, wb), t.inputs)):
+            return True
+        if any(gapped(o) for o in t.outputs):
+            return True
+    return False
+
+
+def _refuse_flat_runs_off(program: Program, defines: dict[str, int]) -> None:
+    """A build with AMK_FLAT_RUNS=0 reads every amk_flat operand as one run: refused for a program
+    with an operand of several runs apart there (it would read and write the wrong elements)."""
+    if not defines.get("AMK_FLAT_RUNS", 1) and flat_runs_needed(program):
+        raise VMRefused("the program has operands of several runs apart, which a build with AMK_FLAT_RUNS=0 "
+                        "reads as one run")
 
 
 def _refuse_missing_dtypes(program: Program, defines: dict[str, int]) -> None:
