@@ -523,13 +523,13 @@ def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
         emu(prog, t).run_step(2, 0)
 
 
-@pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/int8_asym_split_k", "llama-gqa-tied/o_proj_kv_slices",
-                                  "llama-gqa-tied/o_proj_kv_slices_int4"])
+@pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4"])
 def test_flat_runs_off_gives_the_same_bits(tmp_path, monkeypatch, case):
     """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md item 249, an experiment) where the loader allows it: the
-    logits bit for bit the same over a prompt. These programs have operands of runs apart (K slices of
-    the GEMV weights, scales and zeros; split-K and o_proj_kv_slices partials), which the kernel
-    addresses run by run (runs that abut, as whole rows, read the same either way)."""
+    logits bit for bit the same over a prompt. These programs have operands of runs apart in roles of
+    loader.RUN_ADDRESSED_ROLES (K slices of the GEMV weights, w and w2; int4 scales and zeros; split-K
+    partials; o_proj_kv_slices' residual partials), which the kernel addresses run by run (runs that
+    abut, as whole rows or the x partials here, read the same either way)."""
     from amk.vm.loader import flat_runs_needed
 
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
