@@ -64,15 +64,23 @@ SPILL_BUDGETS = {(80, "bf16"): (0, 0), (80, "int4"): (0, 0), (90, "bf16"): (0, 0
                  (80, "bf16_ahead"): (0, 0), (90, "bf16_ahead"): (0, 0),
                  (80, "int8_ahead"): (0, 0), (90, "int8_ahead"): (0, 0),
                  (80, "int4_ahead"): (24, 24), (90, "int4_ahead"): (8, 8),
-                 (90, "bf16_fargmax"): (0, 0)}
+                 (90, "bf16_fargmax"): (0, 0),
+                 # sm_120 (consumer Blackwell): none spills but o_proj_kv_slices' build (88 / 40 B at f291302,
+                 # found in session 68; an option, off by default, not measured there)
+                 **{(120, b): (0, 0) for b in ("bf16", "int8", "int4", "int8_asym", "bf16_ahead", "int8_ahead",
+                                               "int4_ahead")},
+                 (120, "bf16_oslices"): (88, 40)}
 
 
 # fuse_argmax is off by default (measured slower, item 195): its build's check is `slow` (make
-# test-all), as are the other unpack strategy's below, to keep CI within its time on 2 cores.
+# test-all), as are sm_120's (no GPU of it measured) and the other unpack strategy's below, to keep CI
+# within its time on 2 cores.
 OPTION_BUILDS = {"bf16_fargmax"}
+SLOW_ARCHS = {120}
 
 
-@pytest.mark.parametrize("arch,build", [pytest.param(a, b, marks=pytest.mark.slow) if b in OPTION_BUILDS else (a, b)
+@pytest.mark.parametrize("arch,build", [pytest.param(a, b, marks=pytest.mark.slow)
+                                        if b in OPTION_BUILDS or a in SLOW_ARCHS else (a, b)
                                         for a, b in SPILL_BUDGETS])
 def test_nvcc_specialized_builds_within_their_spill_budget(arch, build):
     if compile_check.nvcc_path() is None:
