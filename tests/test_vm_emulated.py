@@ -617,7 +617,7 @@ def test_gpu_same_bits_cases_change_their_builds(monkeypatch):
     from test_vm_gpu import SAME_BITS_CASES
 
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    build_of = {None: "bf16", "int8": "int8", "int8_ahead": "int8_ahead"}
+    build_of = {None: "bf16", "int8": "int8", "int8_ahead": "int8_ahead", "int4_ahead": "int4_ahead"}
     for quant, define in SAME_BITS_CASES:
         name, value = define.split("=")
         assert build_defaults(name)[build_of[quant]] != int(value), (quant, define)
