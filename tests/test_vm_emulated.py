@@ -525,8 +525,8 @@ def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
 
 @pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4"])
 def test_flat_runs_off_gives_the_same_bits(tmp_path, monkeypatch, case):
-    """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md item 249, an experiment) where the loader allows it: the
-    logits bit for bit the same over a prompt. These programs have operands of runs apart in roles of
+    """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md items 249-250, the loader's build where a program allows it):
+    the logits bit for bit those of the build with amk_flat's runs, over a prompt. These programs have operands of runs apart in roles of
     loader.RUN_ADDRESSED_ROLES (K slices of the GEMV weights, w and w2; int4 scales and zeros; split-K
     partials; o_proj_kv_slices' residual partials), which the kernel addresses run by run (runs that
     abut, as whole rows or the x partials here, read the same either way)."""

@@ -38,8 +38,9 @@ DEFAULT_THREADS = 256
 # split-layout ones out (loader._only_wide_define), except with U4 weights or o_proj_kv_slices
 ONLY_WIDE = {"AMK_ATTN_ONLY_WIDE": 1}
 # and its GEMVs all stream aligned vectors, so the loader leaves the scalar rows out (_only_vec_define)
+# and no operand it reads through amk_flat has runs apart, so amk_flat is one run (AMK_FLAT_RUNS 0)
 LLAMA_FEATURES = {"AMK_OPS": 0x4C5, "AMK_EPILOGUES": 0x3F, "AMK_EPI_BIAS": 0, "AMK_EPI_HEAD_NORM": 0,
-                  "AMK_GEMV_ONLY_VEC": 1}
+                  "AMK_GEMV_ONLY_VEC": 1, "AMK_FLAT_RUNS": 0}
 SPECIALIZED = {"bf16": {**ONLY_WIDE, "AMK_DTYPES": 0x0D, "AMK_GEMV_WDTYPES": 0x04, **LLAMA_FEATURES},  # F32, BF16, I32; BF16 weights
                # a quantized program's: F32, BF16, I32 and its codes' dtype (its F16 scales, AMK_QCOMP_DTYPE 1,
                # convert themselves: loader.compiled_dtypes); weights of that dtype and BF16 (the LM head,

@@ -288,6 +288,7 @@ class PackedProgram:
         hint_min_bytes = int(_vm_meta(program).get("prefetch_min_kb", 0)) * 1024  # smaller GEMVs: no hints
         by_id = {b.id: b for b in program.buffers}
         x_pad_shift: dict[DType, int] = {}  # per weight dtype (reads $AMK_VM_DEFINES once, not per task)
+        flat_runs = False  # does a task need amk_flat's runs (flat_runs_needed)?
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
@@ -298,6 +299,7 @@ class PackedProgram:
             iroles, oroles = weight_input_roles(p, wb), output_roles(p)
             if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
+            flat_runs = flat_runs or _reads_runs_flat(t, iroles)
             rec["op"], rec["id"] = int(p.op), t.id
             rec["out_counter"] = self.counter_index[t.out_counter]
             rec["out_scope"] = int(program.counters[rec["out_counter"]].scope)
@@ -333,7 +335,9 @@ class PackedProgram:
                         **_score_block_define(program, gemv_wdtypes),
                         **_only_wide_define(program, by_id, gemv_wdtypes), **_only_vec_define(program, by_id),
                         **_whole_vecs_define(program, by_id, gemv_wdtypes),
-                        **_k_ahead_define(program, by_id, gemv_wdtypes), **_xq_define(program, gemv_wdtypes)}
+                        **_k_ahead_define(program, by_id, gemv_wdtypes), **_xq_define(program, gemv_wdtypes),
+                        # amk_flat as one run where no task needs its runs (common.cuh AMK_FLAT_RUNS)
+                        **({} if flat_runs else {"AMK_FLAT_RUNS": 0})}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -692,25 +696,28 @@ RUN_ADDRESSED_ROLES = {Op.GEMV: frozenset({*GEMV_PREFETCH_ROLES, "x_part", "res_
                        Op.REDUCE: frozenset({"partials"}), Op.EMBED: frozenset({"table"})}
 
 
-def flat_runs_needed(program: Program) -> bool:
-    """Does an operand the device reads or writes through amk_flat have several runs apart (count > 1,
-    stride != len; runs that abut are one)? Then the build needs amk_flat's runs (AMK_FLAT_RUNS,
-    instructions/common.cuh). Every operand but those of RUN_ADDRESSED_ROLES counts; no program the
-    lowering makes has one (tests/test_vm_compile.py), a hand-built one may."""
-    by_id = {b.id: b for b in program.buffers}
+def _reads_runs_flat(task, iroles) -> bool:
+    """Does `task` read or write, through amk_flat, an operand of several runs apart (count > 1, stride
+    != len; runs that abut are one)? iroles: its inputs' roles (weight_input_roles). Operands of
+    RUN_ADDRESSED_ROLES do not count: the device addresses them run by run."""
+    by_run = RUN_ADDRESSED_ROLES.get(task.params.op, frozenset())
 
-    def gapped(o) -> bool:
+    def apart(o) -> bool:
         return o.count > 1 and o.stride != o.len
 
-    for t in program.tasks:
-        p = t.params
-        wb = by_id[t.inputs[0].buf] if p.op == Op.GEMV and t.inputs else None
-        by_run = RUN_ADDRESSED_ROLES.get(p.op, frozenset())
-        if any(gapped(o) and role not in by_run for role, o in zip(weight_input_roles(p, wb), t.inputs)):
-            return True
-        if any(gapped(o) for o in t.outputs):
-            return True
-    return False
+    return (any(apart(o) and role not in by_run for role, o in zip(iroles, task.inputs))
+            or any(apart(o) for o in task.outputs))
+
+
+def flat_runs_needed(program: Program) -> bool:
+    """Does a task read or write an operand of several runs apart through amk_flat
+    (_reads_runs_flat)? Then the build needs amk_flat's runs (AMK_FLAT_RUNS, instructions/common.cuh),
+    else PackedProgram.defines compiles amk_flat as one run. No program the lowering makes has one
+    (tests/test_vm_compile.py), a hand-built one may."""
+    by_id = {b.id: b for b in program.buffers}
+    return any(_reads_runs_flat(t, weight_input_roles(t.params, by_id[t.inputs[0].buf]
+                                                      if t.params.op == Op.GEMV and t.inputs else None))
+               for t in program.tasks)
 
 
 def _refuse_flat_runs_off(program: Program, defines: dict[str, int]) -> None:
