@@ -47,10 +47,11 @@ def emu_flags(defines: Optional[dict[str, int]] = None) -> list[str]:
     return flags + [f"-D{k}={v}" for k, v in extra.items()]
 
 
-def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDLL:
-    """Compile the emulated megakernel (once per source hash and defines) and load it."""
+def build(out_dir: Path, defines: Optional[dict[str, int]] = None, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile the emulated megakernel (once per source hash, defines and extra compiler flags, e.g.
+    tests/emu_coverage.py's) and load it."""
     # keyed by $AMK_VM_DEFINES too: a test that sets it (monkeypatch) must not get an earlier build
-    key = (tuple(sorted((defines or {}).items())), tuple(sorted(experiment_defines().items())))
+    key = (tuple(sorted((defines or {}).items())), tuple(sorted(experiment_defines().items())), extra_flags)
     if key in _LIBS:
         return _LIBS[key]
     main, headers = kernel_sources()
@@ -59,7 +60,7 @@ def build(out_dir: Path, defines: Optional[dict[str, int]] = None) -> ctypes.CDL
         h.update(name.encode() + headers[name].encode())
     for f in sorted(EMU_DIR.iterdir()):
         h.update(f.read_bytes())
-    flags = emu_flags(defines)
+    flags = [*emu_flags(defines), *extra_flags]  # (a later -O replaces EMU_FLAGS' own)
     h.update(" ".join(flags).encode())
     lib = out_dir / f"amk_emu_{h.hexdigest()[:16]}.so"
     if not lib.exists():
