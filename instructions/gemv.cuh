@@ -349,9 +349,17 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 #define AMK_GEMV_TAIL_TYPED 1
 #endif
 #endif
+// AMK_GEMV_Q_NO_TAIL (experiment, eval/PERF_NOTES.md item 254; default: as AMK_GEMV_TAIL_TYPED): the
+// quantized rows compiled without a tail, apart from the float tail's typed read. 0 beside
+// AMK_GEMV_TAIL_TYPED=1 keeps the quantized rows' tail (through amk_w_at, as before item 245) and types
+// the float one: the plain int4 build then spills 4 / 4 B on sm_90 as with neither (12 / 20 B with
+// both), in 305,408 B of code against 313,472 (neither) and 297,728 (both).
+#ifndef AMK_GEMV_Q_NO_TAIL
+#define AMK_GEMV_Q_NO_TAIL AMK_GEMV_TAIL_TYPED
+#endif
 // Rows of weight dtype DT compiled without the tail (a vector-row slice of whole vectors only).
 template <int DT>
-constexpr bool amk_gemv_no_tail = AMK_GEMV_WHOLE_VECS || (AMK_GEMV_TAIL_TYPED && amk_quant_w<DT>);
+constexpr bool amk_gemv_no_tail = AMK_GEMV_WHOLE_VECS || (AMK_GEMV_Q_NO_TAIL && amk_quant_w<DT>);
 template <int DT, bool PAIR>
 AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, const float* xs, AmkXPad xp, int r,
                                       bool valid, int col0, int K, int L, int sub, float& s1, float& s2) {
@@ -359,10 +367,10 @@ AMK_DEVICE void amk_gemv_row_tail_sum(const AmkGemvW& w, const AmkGemvW& w2, con
     if (valid) {
       for (int col = col0 + sub; col < K; col += L) {
         const float x = xs[xp.at(col)];
-        if constexpr (AMK_GEMV_TAIL_TYPED) {  // (float DT here)
+        if constexpr (AMK_GEMV_TAIL_TYPED && !amk_quant_w<DT>) {
           s1 += amk_load_as<DT>(w.wb->ptr, amk_w_elem(w, r, col)) * x;
           if (PAIR) s2 += amk_load_as<DT>(w2.wb->ptr, amk_w_elem(w2, r, col)) * x;
-        } else {
+        } else {  // (a quantized tail too, with AMK_GEMV_Q_NO_TAIL=0)
           s1 += amk_w_at(w, r, col) * x;
           if (PAIR) s2 += amk_w_at(w2, r, col) * x;
         }

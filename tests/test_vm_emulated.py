@@ -523,6 +523,18 @@ def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
         emu(prog, t).run_step(2, 0)
 
 
+@pytest.mark.parametrize("quant,align", [("i8", 8), ("u4", 16)])
+def test_typed_float_tail_keeps_the_quantized_tail(tmp_path, monkeypatch, quant, align):
+    """AMK_GEMV_Q_NO_TAIL=0 beside AMK_GEMV_TAIL_TYPED=1 (eval/PERF_NOTES.md item 254, an experiment):
+    the float tail typed, the quantized rows' tail kept. A quantized tail (the program past the
+    validator above) sums bit for bit as in the build before item 245 (AMK_GEMV_TAIL_TYPED=0)."""
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    group = 2 * align
+    prog, t = gemv_program(GemvCase(rows=24, k=5 * group, quant=quant, group=group, split_k=2, split_align=align), seed=5)
+    defines = {**knob_defines(prog), "AMK_GEMV_TAIL_TYPED": 0}
+    assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_TAIL_TYPED": 1, "AMK_GEMV_Q_NO_TAIL": 0}, [1, 3, 0], ["y"])
+
+
 @pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4"])
 def test_flat_runs_off_gives_the_same_bits(tmp_path, monkeypatch, case):
     """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md items 249-250, the loader's build where a program allows it):
