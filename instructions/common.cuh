@@ -285,7 +285,7 @@ AMK_DEVICE_NOINLINE amk_i64 amk_flat_runs(amk_i64 off, amk_i64 stride, int len, 
 // the embedding table, split-K and o_proj_kv_slices partials) are addressed run by run (off + k *
 // stride) instead (vm/loader.py flat_runs_needed; a build with 0 for a program that needs the runs is
 // refused). Measured on an H200: SmolLM2 shape bf16 -1.31 %, int8 -2.49 %, int4 -0.99 %; 1B -0.75 %,
-// -0.43 %, -0.74 %; 8B int8 -0.18 %, int4 +0.03 %.
+// -0.43 %, -0.74 %; 8B -0.90 %, -0.18 %, +0.03 %.
 #ifndef AMK_FLAT_RUNS
 #define AMK_FLAT_RUNS 1
 #endif

@@ -21,7 +21,7 @@ def _norm_line() -> int:
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_a_branch_one_program_takes_both_ways_is_not_listed(tmp_path, capsys, fused):
+def test_a_branch_is_listed_where_the_program_takes_it_one_way_only(tmp_path, capsys, fused):
     """With the RMSNorm fused, the q/k/v and gate/up GEMVs stage x normalised and the o and down GEMVs
     as it is: the prologue's `if (norm)` goes both ways and is not listed. Unfused, no GEMV has the
     norm: the branch is one-way and listed."""
