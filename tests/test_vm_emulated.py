@@ -263,6 +263,24 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
+@pytest.mark.parametrize("cfg", [dict(), dict(quant="int8"), dict(quant="int4"),
+                                 dict(quant="int8", gemv_loads_ahead=True), dict(quant="int4", gemv_loads_ahead=True)])
+def test_loader_build_of_a_lowered_model(tmp_path, monkeypatch, cfg):
+    """The build the loader compiles for a lowered bf16 model (loader.build_defines: the dtype masks and
+    every specialization it adopted, e.g. amk_flat as one run, the wide passes only, the vector rows
+    only, the score block, x packed for integer dots), not only the program's knobs as the `emu`
+    fixture builds: the same results and caches as the ReferenceVM, in each weight format and rows loop.
+    The GPU suite runs these builds too, once or twice a session; this runs them at every commit."""
+    from amk.vm.loader import build_defines
+
+    monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
+    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
+    defines = build_defines(prog, experiments={})
+    assert defines["AMK_FLAT_RUNS"] == 0 and defines["AMK_GEMV_ONLY_VEC"] == 1
+    run_both(lambda p, ts: EmuVM(p, ts, build(tmp_path, defines)), prog, t,
+             [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
+
+
 @pytest.mark.parametrize("defines,cfg", [
     ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=32, fuse_argmax=True, quant_lm_head=True)),
     ("AMK_GEMV_I8_XQ=1", dict(quant="int8", quant_group=64, quant_asym=True, split_k=2, quant_lm_head=True)),
