@@ -263,20 +263,34 @@ def test_lowered_model(emu, cfg):
     run_both(emu, prog, t, [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
 
-@pytest.mark.parametrize("cfg", [dict(), dict(quant="int8"), dict(quant="int4"),
-                                 dict(quant="int8", gemv_loads_ahead=True), dict(quant="int4", gemv_loads_ahead=True)])
-def test_loader_build_of_a_lowered_model(tmp_path, monkeypatch, cfg):
+LOADER_BUILD_CASES = {**{f"llama-gqa-tied/{name}": cfg for name, cfg in (
+    ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True)), ("int4_ahead", dict(quant="int4", gemv_loads_ahead=True)),
+    ("bf16_ahead", dict(gemv_loads_ahead=True)))}, **LOWERED}
+
+
+# each weight format in each rows loop, asymmetric int8, split-K and the o-proj's K slices at every
+# commit; the other lowering cases (~50 s more on 2 cores) with `make test-all`, to keep CI in its time
+LOADER_BUILD_EVERY_COMMIT = {"llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4", "llama-gqa-tied/int8_asym",
+                             "llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4",
+                             "llama-gqa-tied/bf16_ahead", "llama-gqa-tied/int8_ahead", "llama-gqa-tied/int4_ahead"}
+
+
+@pytest.mark.parametrize("case", [c if c in LOADER_BUILD_EVERY_COMMIT else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in LOADER_BUILD_CASES])
+def test_loader_build_of_a_lowered_model(tmp_path, monkeypatch, case):
     """The build the loader compiles for a lowered bf16 model (loader.build_defines: the dtype masks and
     every specialization it adopted, e.g. amk_flat as one run, the wide passes only, the vector rows
     only, the score block, x packed for integer dots), not only the program's knobs as the `emu`
-    fixture builds: the same results and caches as the ReferenceVM, in each weight format and rows loop.
-    The GPU suite runs these builds too, once or twice a session; this runs them at every commit."""
+    fixture builds: the same results and caches as the ReferenceVM, for every lowering case (vm_cases
+    LOWERED) and the loads-ahead loop in each weight format. The GPU suite runs these builds too, once
+    or twice a session; this runs them at every commit."""
     from amk.vm.loader import build_defines
 
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    prog, t = lowered("llama-gqa-tied", dtype="bfloat16", max_queues=4, threads_per_block=64, **cfg)
+    prog, t = lowered(case.split("/")[0], dtype="bfloat16",
+                      **{"max_queues": 4, "threads_per_block": 64, **LOADER_BUILD_CASES[case]})
     defines = build_defines(prog, experiments={})
-    assert defines["AMK_FLAT_RUNS"] == 0 and defines["AMK_GEMV_ONLY_VEC"] == 1
+    assert defines["AMK_FLAT_RUNS"] == 0
     run_both(lambda p, ts: EmuVM(p, ts, build(tmp_path, defines)), prog, t,
              [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
 
