@@ -45,23 +45,40 @@ def _program(args):
 
     cfg = ScheduleConfig.model_validate_json(Path(args.config).read_text()) if args.config else ScheduleConfig()
     over = {**cfg.model_dump(exclude_unset=True), "max_queues": args.queues, "threads_per_block": args.threads}
+    dtype = over.pop("dtype", None) or args.dtype  # (a config's own dtype wins, as in `amk compile`)
     if args.zoo:
         from vm_cases import lowered
 
-        return lowered(args.zoo, dtype=args.dtype, kv_capacity=max(args.steps, 8), **over)
+        return lowered(args.zoo, dtype=dtype, kv_capacity=max(args.steps, 8), **over)
     from amk.eval.shapes import random_weights_like, shape_config
     from amk.schedule.importer import spec_from_hf_config
     from amk.schedule.lower import bind_weights, lower
     from amk.schedule.targets import get_target
 
     hf = shape_config(args.shape)
-    if hf is None:
-        raise SystemExit(f"unknown --shape {args.shape!r} (eval/shapes.py SHAPES)")
     if args.layers:
         hf["num_hidden_layers"] = args.layers
-    spec = spec_from_hf_config(hf, name=args.shape, dtype=args.dtype)
+    spec = spec_from_hf_config(hf, name=args.shape, dtype=dtype)
     prog = lower(spec, ScheduleConfig(**over), get_target("h100"), kv_capacity=max(args.steps, 8))
-    return prog, bind_weights(prog, spec, random_weights_like(spec, device="cpu", dtype=args.dtype))
+    return prog, bind_weights(prog, spec, random_weights_like(spec, device="cpu", dtype=dtype))
+
+
+def _check_model(args) -> None:
+    """Refuse an unknown --shape or --zoo name, or a --config that is not a ScheduleConfig, before the
+    child process builds anything."""
+    from amk.eval.shapes import SHAPES
+    from amk.schedule.config import ScheduleConfig
+    from amk.schedule.importer import zoo_configs
+
+    if args.shape and args.shape.strip().lower() not in SHAPES:
+        raise SystemExit(f"unknown --shape {args.shape!r}: one of {sorted(SHAPES)}")
+    if args.zoo and args.zoo not in zoo_configs():
+        raise SystemExit(f"unknown --zoo {args.zoo!r}: one of {sorted(zoo_configs())}")
+    if args.config:
+        try:
+            ScheduleConfig.model_validate_json(Path(args.config).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--config {args.config}: {e}") from None
 
 
 def _build_defines(prog) -> dict[str, int]:
@@ -154,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         run_child(args)
         return
+    _check_model(args)
     out = Path(args.out or tempfile.mkdtemp(prefix="amk_emu_cov_"))
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.gcda"):  # counters add up across runs: start from none
