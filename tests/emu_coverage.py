@@ -39,8 +39,8 @@ COVERAGE_FLAGS = ("-fno-inline", "-fno-inline-small-functions", "-fno-inline-fun
 
 def _program(args):
     """(program, tensors) of --zoo (tests/vm_cases.lowered) or --shape (eval/shapes.py, random weights),
-    lowered with --queues and --threads."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    lowered with --queues and --threads. (Run as a script, this file's folder is on sys.path: the test
+    helpers vm_cases and emu_vm import from it.)"""
     from amk.schedule.config import ScheduleConfig
 
     cfg = ScheduleConfig.model_validate_json(Path(args.config).read_text()) if args.config else ScheduleConfig()
@@ -168,7 +168,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         run_child(args)
         return
     _check_model(args)
