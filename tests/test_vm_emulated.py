@@ -265,14 +265,18 @@ def test_lowered_model(emu, cfg):
 
 LOADER_BUILD_CASES = {**{f"llama-gqa-tied/{name}": cfg for name, cfg in (
     ("int8_ahead", dict(quant="int8", gemv_loads_ahead=True)), ("int4_ahead", dict(quant="int4", gemv_loads_ahead=True)),
-    ("bf16_ahead", dict(gemv_loads_ahead=True)))}, **LOWERED}
+    ("bf16_ahead", dict(gemv_loads_ahead=True)),
+    # an AMD target's build (64-lane wavefronts: the emulator built with AMK_WARP_SIZE=64)
+    ("gfx942", dict(target="gfx942", threads_per_block=128)),
+    ("gfx942_int4", dict(target="gfx942", threads_per_block=128, quant="int4", quant_group=32)))}, **LOWERED}
 
 
-# each weight format in each rows loop, asymmetric int8, split-K and the o-proj's K slices at every
-# commit; the other lowering cases (~50 s more on 2 cores) with `make test-all`, to keep CI in its time
+# each weight format in each rows loop, asymmetric int8, split-K, the o-proj's K slices and an AMD
+# target at every commit; the other lowering cases (~50 s more on 2 cores) with `make test-all`, to keep CI in its time
 LOADER_BUILD_EVERY_COMMIT = {"llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4", "llama-gqa-tied/int8_asym",
                              "llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4",
-                             "llama-gqa-tied/bf16_ahead", "llama-gqa-tied/int8_ahead", "llama-gqa-tied/int4_ahead"}
+                             "llama-gqa-tied/bf16_ahead", "llama-gqa-tied/int8_ahead", "llama-gqa-tied/int4_ahead",
+                             "llama-gqa-tied/gfx942", "llama-gqa-tied/gfx942_int4"}
 
 
 @pytest.mark.parametrize("case", [c if c in LOADER_BUILD_EVERY_COMMIT else pytest.param(c, marks=pytest.mark.slow)
@@ -282,14 +286,16 @@ def test_loader_build_of_a_lowered_model(tmp_path, monkeypatch, case):
     every specialization it adopted, e.g. amk_flat as one run, the wide passes only, the vector rows
     only, the score block, x packed for integer dots), not only the program's knobs as the `emu`
     fixture builds: the same results and caches as the ReferenceVM, for every lowering case (vm_cases
-    LOWERED) and the loads-ahead loop in each weight format. The GPU suite runs these builds too, once
-    or twice a session; this runs them at every commit."""
+    LOWERED), the loads-ahead loop in each weight format and an AMD target's builds (no AMD GPU runs
+    them anywhere else). The GPU suite runs the NVIDIA builds too, once or twice a session; this runs
+    them at every commit."""
     from amk.vm.loader import build_defines
 
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered(case.split("/")[0], dtype="bfloat16",
                       **{"max_queues": 4, "threads_per_block": 64, **LOADER_BUILD_CASES[case]})
-    defines = build_defines(prog, experiments={})
+    warp = prog.target.warp_size
+    defines = {**build_defines(prog, experiments={}), **({"AMK_WARP_SIZE": warp} if warp != 32 else {})}
     assert defines["AMK_FLAT_RUNS"] == 0
     run_both(lambda p, ts: EmuVM(p, ts, build(tmp_path, defines)), prog, t,
              [(tok, pos) for pos, tok in enumerate(PROMPT[:2])])
