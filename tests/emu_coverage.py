@@ -102,11 +102,10 @@ def run_child(args) -> None:
 
 def one_way_lines(gcov_json: dict, root: Path = ROOT) -> list[dict]:
     """The lines of the device sources that ran with a branch never taken beside one taken, hottest
-    first: {file, line, count, taken, never, source}."""
+    first: {file, line, count, taken, never, source}. gcov_json: gcov_lines' (absolute file paths)."""
     found = []
     for f in gcov_json.get("files", []):
         path = Path(f["file"])
-        path = path if path.is_absolute() else Path(gcov_json.get("current_working_directory", ".")) / path
         try:
             rel = path.resolve().relative_to(root)
         except ValueError:

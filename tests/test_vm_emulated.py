@@ -41,12 +41,12 @@ from vm_cases import (
     cast_weights,
     close,
     elementwise_program,
-    runs_apart_program,
     hang_program,
     hf_model,
     lowered,
     run_both,
     run_xq_case,
+    runs_apart_program,
 )
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="needs g++ (C++20) to build the emulated megakernel")
@@ -272,7 +272,8 @@ LOADER_BUILD_CASES = {**{f"llama-gqa-tied/{name}": cfg for name, cfg in (
 
 
 # each weight format in each rows loop, asymmetric int8, split-K, the o-proj's K slices and an AMD
-# target at every commit; the other lowering cases (~50 s more on 2 cores) with `make test-all`, to keep CI in its time
+# target at every commit; the other lowering cases (~50 s more on 2 cores) with `make test-all`, to
+# keep CI in its time
 LOADER_BUILD_EVERY_COMMIT = {"llama-gqa-tied", "llama-gqa-tied/int8", "llama-gqa-tied/int4", "llama-gqa-tied/int8_asym",
                              "llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4",
                              "llama-gqa-tied/bf16_ahead", "llama-gqa-tied/int8_ahead", "llama-gqa-tied/int4_ahead",
@@ -546,6 +547,13 @@ def test_typed_tail_gives_the_same_bits(tmp_path, monkeypatch, ahead):
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_TAIL_TYPED": 1}, [1, 3, 0], ["y"])
 
 
+def quantized_tail_program(quant: str, align: int):
+    """A split-K GEMV whose K slices are 1.5 groups: the first a whole vector or two and half of one
+    more, so its quantized rows have a tail (the validator refuses it: slices align to the group)."""
+    group = 2 * align
+    return gemv_program(GemvCase(rows=24, k=5 * group, quant=quant, group=group, split_k=2, split_align=align), seed=5)
+
+
 @pytest.mark.parametrize("quant,align", [("i8", 8), ("u4", 16)])
 def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
     """With AMK_GEMV_TAIL_TYPED the quantized rows have no tail: the validator aligns a quantized K
@@ -553,8 +561,7 @@ def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
     one; a program built past the validator with one gets "unsupported dtype", not a wrong sum."""
     from amk.schedule.validate import validate
 
-    group = 2 * align  # slices of 1.5 groups: the first a whole vector or two and half of one more
-    prog, t = gemv_program(GemvCase(rows=24, k=5 * group, quant=quant, group=group, split_k=2, split_align=align), seed=5)
+    prog, t = quantized_tail_program(quant, align)
     assert "align to the group" in validate(prog).summary()
     monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_TAIL_TYPED=1")
     with pytest.raises(VMError, match="unsupported dtype"):
@@ -567,8 +574,7 @@ def test_typed_float_tail_keeps_the_quantized_tail(tmp_path, monkeypatch, quant,
     the float tail typed, the quantized rows' tail kept. A quantized tail (the program past the
     validator above) sums bit for bit as in the build before item 245 (AMK_GEMV_TAIL_TYPED=0)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    group = 2 * align
-    prog, t = gemv_program(GemvCase(rows=24, k=5 * group, quant=quant, group=group, split_k=2, split_align=align), seed=5)
+    prog, t = quantized_tail_program(quant, align)
     defines = {**knob_defines(prog), "AMK_GEMV_TAIL_TYPED": 0}
     assert_same_bits(prog, t, tmp_path, defines, {"AMK_GEMV_TAIL_TYPED": 1, "AMK_GEMV_Q_NO_TAIL": 0}, [1, 3, 0], ["y"])
 
@@ -576,10 +582,11 @@ def test_typed_float_tail_keeps_the_quantized_tail(tmp_path, monkeypatch, quant,
 @pytest.mark.parametrize("case", ["llama-gqa-tied/split_k", "llama-gqa-tied/o_proj_kv_slices_int4"])
 def test_flat_runs_off_gives_the_same_bits(tmp_path, monkeypatch, case):
     """AMK_FLAT_RUNS=0 (eval/PERF_NOTES.md items 249-250, the loader's build where a program allows it):
-    the logits bit for bit those of the build with amk_flat's runs, over a prompt. These programs have operands of runs apart in roles of
-    loader.RUN_ADDRESSED_ROLES (K slices of the GEMV weights, w and w2; int4 scales and zeros; split-K
-    partials; o_proj_kv_slices' residual partials), which the kernel addresses run by run (runs that
-    abut, as whole rows or the x partials here, read the same either way)."""
+    the logits bit for bit those of the build with amk_flat's runs, over a prompt. These programs have
+    operands of runs apart in roles of loader.RUN_ADDRESSED_ROLES (K slices of the GEMV weights, w and
+    w2; int4 scales and zeros; split-K partials; o_proj_kv_slices' residual partials), which the kernel
+    addresses run by run (runs that abut, as whole rows or the x partials here, read the same either
+    way)."""
     from amk.vm.loader import flat_runs_needed
 
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)

@@ -241,6 +241,7 @@ def runs_apart_program():
     tasks[i] = tasks[i].model_copy(update=dict(inputs=[tasks[i].inputs[0], r]))
     return prog.model_copy(update=dict(tasks=tasks)), tensors
 
+
 def hang_program():
     """x = a + b, then y = x + b where `second` waits for 2 signals of a counter that only
     one task signals: it can never run (the validator rejects this program)."""

@@ -268,7 +268,8 @@ class PackedProgram:
     tasks: TASK_DTYPE [n_tasks]; queue_start: int32 [n_queues + 1]; queue_tasks: int32
     (task indices, queue after queue); producers: tasks signalling each counter per step;
     buffer_index: Buffer.id -> row of the buffer table; smem_bytes: the launch's dynamic
-    shared memory (the largest task's need)."""
+    shared memory (the largest task's need); flat_runs_needed: does a task read operands of runs
+    apart through amk_flat (the module's flat_runs_needed, asked while packing)."""
 
     def __init__(self, program: Program):
         self.program = program
@@ -288,7 +289,7 @@ class PackedProgram:
         hint_min_bytes = int(_vm_meta(program).get("prefetch_min_kb", 0)) * 1024  # smaller GEMVs: no hints
         by_id = {b.id: b for b in program.buffers}
         x_pad_shift: dict[DType, int] = {}  # per weight dtype (reads $AMK_VM_DEFINES once, not per task)
-        flat_runs = False  # does a task need amk_flat's runs (flat_runs_needed)?
+        self.flat_runs_needed = False  # flat_runs_needed(program), found while packing
         for i, t in enumerate(program.tasks):
             rec = recs[i]
             p = t.params
@@ -299,7 +300,7 @@ class PackedProgram:
             iroles, oroles = weight_input_roles(p, wb), output_roles(p)
             if len(iroles) != len(t.inputs) or len(oroles) != len(t.outputs) or len(t.waits) > MAX_WAITS:
                 raise VMRefused(f"task {t.id} {t.name!r}: operands do not match the roles {iroles} / {oroles}")
-            flat_runs = flat_runs or _reads_runs_flat(t, iroles)
+            self.flat_runs_needed = self.flat_runs_needed or _reads_runs_flat(t, iroles)
             rec["op"], rec["id"] = int(p.op), t.id
             rec["out_counter"] = self.counter_index[t.out_counter]
             rec["out_scope"] = int(program.counters[rec["out_counter"]].scope)
@@ -337,7 +338,7 @@ class PackedProgram:
                         **_whole_vecs_define(program, by_id, gemv_wdtypes),
                         **_k_ahead_define(program, by_id, gemv_wdtypes), **_xq_define(program, gemv_wdtypes),
                         # amk_flat as one run where no task needs its runs (common.cuh AMK_FLAT_RUNS)
-                        **({} if flat_runs else {"AMK_FLAT_RUNS": 0})}
+                        **({} if self.flat_runs_needed else {"AMK_FLAT_RUNS": 0})}
         self.queue_start = np.zeros(len(program.queues) + 1, dtype=np.int32)
         self.queue_start[1:] = np.cumsum([len(q) for q in program.queues])
         self.queue_tasks = np.array([task_index[tid] for q in program.queues for tid in q], dtype=np.int32)
@@ -671,7 +672,9 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
     """Every build define the CudaVM compiles `program` with: the dtype specialization
     (PackedProgram.defines, unless `specialize` is off), AMK_TRACE, the program's knobs
     (knob_defines) and the experiments (default: $AMK_VM_DEFINES), later ones winning."""
-    defines = dict((packed or PackedProgram(program)).defines) if specialize else {}
+    if specialize:
+        packed = packed or PackedProgram(program)
+    defines = dict(packed.defines) if specialize else {}
     if trace:
         defines["AMK_TRACE"] = 1
     knobs = knob_defines(program)
@@ -685,7 +688,7 @@ def build_defines(program: Program, packed: Optional["PackedProgram"] = None, *,
         raise VMRefused("the program's KV caches are head-major (kv_head_major), which a build with "
                         "AMK_KV_HEAD_MAJOR=0 does not read")
     _refuse_missing_dtypes(program, defines)
-    _refuse_flat_runs_off(program, defines)
+    _refuse_flat_runs_off(program, defines, packed)
     return defines
 
 
@@ -720,10 +723,13 @@ def flat_runs_needed(program: Program) -> bool:
                for t in program.tasks)
 
 
-def _refuse_flat_runs_off(program: Program, defines: dict[str, int]) -> None:
+def _refuse_flat_runs_off(program: Program, defines: dict[str, int], packed: Optional["PackedProgram"]) -> None:
     """A build with AMK_FLAT_RUNS=0 reads every amk_flat operand as one run: refused for a program
-    with an operand of several runs apart there (it would read and write the wrong elements)."""
-    if not defines.get("AMK_FLAT_RUNS", 1) and flat_runs_needed(program):
+    with an operand of several runs apart there (it would read and write the wrong elements). Asked of
+    `packed` where the program was packed (its task loop found it), else of the program's tasks."""
+    if defines.get("AMK_FLAT_RUNS", 1):
+        return
+    if packed.flat_runs_needed if packed is not None else flat_runs_needed(program):
         raise VMRefused("the program has operands of several runs apart, which a build with AMK_FLAT_RUNS=0 "
                         "reads as one run")
 
