@@ -792,9 +792,13 @@ AMK_DEVICE void amk_op_attn_partial(const AmkCtx& c) {
 // ATTN_COMBINE: one KV head's splits combined (combine.cuh). The (m, l) pairs of every split
 // are staged once with parallel loads; the weights and the denominator per head follow in
 // shared memory; each output element then sums its splits with batched loads.
+// (with AMK_COMBINE_EARLY=2, the copied splits after them; vm/loader.py counts them in every build)
+AMK_DEVICE AmkCombineShape amk_attn_combine_shape(const AmkTask& t) {
+  return AmkCombineShape{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]};
+}
 AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
-  return amk_combine_smem_words(
-      AmkCombineShape{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]});
+  const AmkCombineShape s = amk_attn_combine_shape(t);
+  return AMK_COMBINE_EARLY == 2 ? amk_combine_copied_at(s) + amk_combine_copied_words(s) : amk_combine_smem_words(s);
 }
 
 // AMK_COMBINE_ONLY_HELD (experiment, off; eval/PERF_NOTES.md item 199): ATTN_COMBINE without its
@@ -807,23 +811,34 @@ AMK_DEVICE long long amk_smem_attn_combine(const AmkTask& t) {
 #endif
 AMK_DEVICE void amk_op_attn_combine(const AmkCtx& c) {
   const AmkTask& t = *c.t;
-  const AmkCombineShape sh{1, t.ip[AMK_P_ATTN_Q_HEADS], t.ip[AMK_P_ATTN_HEAD_DIM], t.ip[AMK_P_ATTN_SPLITS]};
+  const AmkCombineShape sh = amk_attn_combine_shape(t);
   float* wm = amk_smem(c, amk_smem_attn_combine(t));
   if (!wm) return;
   float* ls = wm + sh.pairs();
   float* den = ls + sh.pairs();
+  float* copied = wm + amk_combine_copied_at(sh);  // AMK_COMBINE_EARLY=2's words
   const AmkOperand &po = amk_in(c, AMK_ROLE_O), &ml = amk_in(c, AMK_ROLE_ML), &y = t.out[0];
   const AmkBuffer &pb = amk_buf(c, po), &yb = amk_buf(c, y);
   const int i = threadIdx.x, n = sh.qh * sh.hd;
   const bool held = AmkCombineHeld::fits(pb, po, sh);  // AMK_COMBINE_EARLY: the splits loaded first
+  const bool copy = AmkCombineCopied::fits(pb, po, sh);  // (2: or copied first)
   AmkCombineHeld splits_of_i;
   if (held && i < n) splits_of_i.load(pb.ptr, po, sh, i);
+  if (copy) AmkCombineCopied::copy(pb.ptr, po, sh, copied);
   amk_combine_stage_ml(amk_buf(c, ml), ml, sh, wm, ls);
   amk_syncthreads();
   amk_trace_mark(c, 0);  // (m, l) staged
   amk_combine_weights(sh, wm, ls, den);
+  if (copy) amk_cp_async_wait();
   amk_syncthreads();
   amk_trace_mark(c, 1);  // weights and denominators done
+  if (copy) {
+    for (int j = i; j < n; j += blockDim.x) {
+      const int h = amk_quot(j, sh.hd);
+      amk_store(yb, amk_flat(y, j), amk_div(AmkCombineCopied::sum(copied, wm, sh, h, j), den[h]));
+    }
+    return;
+  }
   if (held) {
     if (i < n) {
       const int h = amk_quot(i, sh.hd);

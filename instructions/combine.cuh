@@ -138,6 +138,10 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
 // on an H200 (item 224) the int8 SmolLM2 shape (the plain loop) measured -0.96 % with it and the
 // int8 1B (the loads-ahead loop, set by the loader's -D) +0.23 %, so int8 builds of the
 // loads-ahead loop keep it off, as do the asymmetric int8 builds (sm_90 spills 4 / 4 B).
+// 2 (experiment; eval/PERF_NOTES.md item 256): the splits copied into shared memory instead, with
+// asynchronous copies (amk_cp_async16: no register holds them, so no build spills for them), issued
+// at the op's start as 1's loads are and waited for after the weights; any number of splits, one
+// group, F32 partials in 16-byte-aligned runs (AmkCombineCopied::fits). The same sum, in split order.
 #ifndef AMK_COMBINE_EARLY
 #if ((AMK_GEMV_WDTYPES) & 0x20) != 0 || (((AMK_GEMV_WDTYPES) & 0x10) != 0 && (AMK_GEMV_LOADS_AHEAD || AMK_GEMV_I8_ZERO))
 #define AMK_COMBINE_EARLY 0
@@ -150,7 +154,7 @@ struct AmkCombineHeld {
   // can this task hold its outputs' splits in registers? (one group, one output a thread)
   AMK_DEVICE static bool fits(const AmkBuffer& pb, const AmkOperand& po, AmkCombineShape s) {
     const amk_i64 n = (amk_i64)s.qh * s.hd;
-    return AMK_COMBINE_EARLY && s.groups == 1 && n <= (amk_i64)blockDim.x && s.splits <= AMK_SPLIT_SUM_UNROLL &&
+    return AMK_COMBINE_EARLY == 1 && s.groups == 1 && n <= (amk_i64)blockDim.x && s.splits <= AMK_SPLIT_SUM_UNROLL &&
            pb.dtype == AMK_DTYPE_F32 && amk_split_runs(po, n);
   }
   AMK_DEVICE void load(amk_u64 ptr, const AmkOperand& po, AmkCombineShape s, int i) {
@@ -165,6 +169,37 @@ struct AmkCombineHeld {
 #pragma unroll
     for (int k = 0; k < AMK_SPLIT_SUM_UNROLL; ++k)
       if (k < s.splits) a = k == 0 ? amk_mul(wm[h], v[0]) : amk_add(a, amk_mul(wm[k * s.qh + h], v[k]));
+    return a;
+  }
+};
+// AMK_COMBINE_EARLY=2: the splits of every output copied into shared memory, split k's n outputs at
+// words [k * n, (k + 1) * n) of its own 16-byte-aligned area after the combine's other words.
+AMK_DEVICE long long amk_combine_copied_at(AmkCombineShape s) { return (amk_combine_smem_words(s) + 3) & ~3ll; }
+AMK_DEVICE long long amk_combine_copied_words(AmkCombineShape s) { return (long long)s.splits * s.qh * s.hd; }
+struct AmkCombineCopied {
+  AMK_DEVICE static bool fits(const AmkBuffer& pb, const AmkOperand& po, AmkCombineShape s) {
+    const amk_i64 n = (amk_i64)s.qh * s.hd, step = amk_split_step(po, n);
+    return AMK_COMBINE_EARLY == 2 && s.groups == 1 && pb.dtype == AMK_DTYPE_F32 && amk_split_runs(po, n) &&
+           n % 4 == 0 && step % 4 == 0 && (pb.ptr + 4 * po.off) % 16 == 0;
+  }
+  // Every thread issues its share of the 16-byte copies: chunk e of split k, walked without a division.
+  AMK_DEVICE_NOINLINE static void copy(amk_u64 ptr, const AmkOperand& po, AmkCombineShape s, float* dst) {
+    const int n4 = s.qh * s.hd / 4;
+    const amk_i64 step = amk_split_step(po, 4ll * n4);
+    const float* src = (const float*)ptr + po.off;
+    int k = 0, e = threadIdx.x;
+    for (;;) {
+      while (e >= n4 && k < s.splits) e -= n4, ++k;
+      if (k >= s.splits) break;
+      amk_cp_async16(dst + 4 * (k * n4 + e), src + k * step + 4 * e);
+      e += blockDim.x;
+    }
+  }
+  // Output i's splits summed in split order, as AmkCombineHeld::sum does
+  AMK_DEVICE static float sum(const float* copied, const float* wm, AmkCombineShape s, int h, int i) {
+    const int n = s.qh * s.hd;
+    float a = amk_mul(wm[h], copied[i]);
+    for (int k = 1; k < s.splits; ++k) a = amk_add(a, amk_mul(wm[k * s.qh + h], copied[k * n + i]));
     return a;
   }
 };

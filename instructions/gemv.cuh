@@ -341,21 +341,23 @@ AMK_DEVICE void amk_gemv_vec_acc(float& s, const amk_u32x4& w, const float* xv, 
 // code at every rows loop's row end (sm_90: bf16 -8.7 KB, int8 -15.5 KB, int4 -14.7 KB); the same
 // values. On an H200: the int8 SmolLM2 shape -1.04 %, the int4 1B (loads ahead; spilling 8 / 8 B on
 // sm_90 with it) -1.25 %, the bf16 SmolLM2 shape -0.11 %; but the int4 SmolLM2 shape +1.00 % (its
-// plain loop spills 4 / 4 B with it), so int4 builds of the plain loop keep the tail as it was.
+// plain loop spills 4 / 4 B with it), so int4 builds of the plain loop keep the quantized tail
+// (AMK_GEMV_Q_NO_TAIL below).
 #ifndef AMK_GEMV_TAIL_TYPED
-#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 && !AMK_GEMV_LOADS_AHEAD  // 0x20: U4
-#define AMK_GEMV_TAIL_TYPED 0
-#else
 #define AMK_GEMV_TAIL_TYPED 1
 #endif
-#endif
-// AMK_GEMV_Q_NO_TAIL (experiment, eval/PERF_NOTES.md item 254; default: as AMK_GEMV_TAIL_TYPED): the
-// quantized rows compiled without a tail, apart from the float tail's typed read. 0 beside
-// AMK_GEMV_TAIL_TYPED=1 keeps the quantized rows' tail (through amk_w_at, as before item 245) and types
-// the float one: the plain int4 build then spills 4 / 4 B on sm_90 as with neither (12 / 20 B with
-// both), in 305,408 B of code against 313,472 (neither) and 297,728 (both).
+// AMK_GEMV_Q_NO_TAIL (eval/PERF_NOTES.md items 254, 255): the quantized rows compiled without a tail,
+// apart from the float tail's typed read. 0 keeps the quantized rows' tail (through amk_w_at, as before
+// item 245) while the float one is read typed: the plain int4 build (and the every-dtype build, which
+// has int4 and the plain loop) then spills 4 / 4 B on sm_90 as with neither half (12 / 20 B with both),
+// in 305,408 B of code against 313,472 (neither) and 297,728 (both); the int4 SmolLM2 shape -1.03 %
+// against neither half on an H200.
 #ifndef AMK_GEMV_Q_NO_TAIL
+#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 && !AMK_GEMV_LOADS_AHEAD  // 0x20: U4
+#define AMK_GEMV_Q_NO_TAIL 0
+#else
 #define AMK_GEMV_Q_NO_TAIL AMK_GEMV_TAIL_TYPED
+#endif
 #endif
 // Rows of weight dtype DT compiled without the tail (a vector-row slice of whole vectors only).
 template <int DT>

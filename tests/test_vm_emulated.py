@@ -467,18 +467,21 @@ def test_hang_is_reported(emu):
     assert vm.epoch == 1  # reset after the failure
 
 
+@pytest.mark.parametrize("early", [1, 2])
 @pytest.mark.parametrize("threads", [64, 128])
-def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads):
-    """AMK_COMBINE_EARLY (eval/PERF_NOTES.md items 126 and 131) changes when the combine loads its
+def test_combine_early_gives_the_same_bits(tmp_path, monkeypatch, threads, early):
+    """AMK_COMBINE_EARLY (eval/PERF_NOTES.md items 126, 131 and 256) changes when the combine loads its
     splits, not what it sums: a build with it gives the same bits as one without, step after
-    step (a four-warp block's 128 threads hold the combine's 2 heads x 64 outputs, one a thread:
-    the early loads; a two-warp block cannot, so it checks the fallback)."""
+    step (1: a four-warp block's 128 threads hold the combine's 2 heads x 64 outputs, one a thread:
+    the early loads; a two-warp block cannot, so it checks the fallback. 2: the splits copied into
+    shared memory, two outputs a thread in the two-warp block; the emulator does the copies only at
+    the wait, so a sum that read them before it would differ)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     prog, t = lowered("llama-gqa-tied", dtype="bfloat16", kv_capacity=16, max_queues=4, threads_per_block=threads,
                       kv_splits=2, kv_block=8)  # 16 steps: the second split has rows from position 8 on
     comb = [x.params for x in prog.tasks if x.op == Op.ATTN_COMBINE]
     assert comb and comb[0].splits == 2 and (comb[0].q_heads * comb[0].head_dim <= threads) == (threads == 128)
-    assert_same_bits(prog, t, tmp_path, {**knob_defines(prog), "AMK_COMBINE_EARLY": 0}, {"AMK_COMBINE_EARLY": 1},
+    assert_same_bits(prog, t, tmp_path, {**knob_defines(prog), "AMK_COMBINE_EARLY": 0}, {"AMK_COMBINE_EARLY": early},
                      PROMPT * 2, ["logits", "next_token"])
 
 
@@ -556,21 +559,21 @@ def quantized_tail_program(quant: str, align: int):
 
 @pytest.mark.parametrize("quant,align", [("i8", 8), ("u4", 16)])
 def test_typed_tail_refuses_a_quantized_tail(emu, monkeypatch, quant, align):
-    """With AMK_GEMV_TAIL_TYPED the quantized rows have no tail: the validator aligns a quantized K
+    """With AMK_GEMV_Q_NO_TAIL the quantized rows have no tail: the validator aligns a quantized K
     slice to its group, which the vector rows require whole vectors of, so no program that runs has
     one; a program built past the validator with one gets "unsupported dtype", not a wrong sum."""
     from amk.schedule.validate import validate
 
     prog, t = quantized_tail_program(quant, align)
     assert "align to the group" in validate(prog).summary()
-    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_TAIL_TYPED=1")
+    monkeypatch.setenv("AMK_VM_DEFINES", "AMK_GEMV_TAIL_TYPED=1,AMK_GEMV_Q_NO_TAIL=1")
     with pytest.raises(VMError, match="unsupported dtype"):
         emu(prog, t).run_step(2, 0)
 
 
 @pytest.mark.parametrize("quant,align", [("i8", 8), ("u4", 16)])
 def test_typed_float_tail_keeps_the_quantized_tail(tmp_path, monkeypatch, quant, align):
-    """AMK_GEMV_Q_NO_TAIL=0 beside AMK_GEMV_TAIL_TYPED=1 (eval/PERF_NOTES.md item 254, an experiment):
+    """AMK_GEMV_Q_NO_TAIL=0 beside AMK_GEMV_TAIL_TYPED=1 (eval/PERF_NOTES.md items 254-255, the plain int4 build's):
     the float tail typed, the quantized rows' tail kept. A quantized tail (the program past the
     validator above) sums bit for bit as in the build before item 245 (AMK_GEMV_TAIL_TYPED=0)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
@@ -658,13 +661,14 @@ def test_score_head_block_default_per_build(monkeypatch):
 
 
 def test_typed_tail_default_per_build(monkeypatch):
-    """Which builds read a float rows tail as its dtype and compile quantized rows without a tail
-    (instructions/gemv.cuh AMK_GEMV_TAIL_TYPED; eval/PERF_NOTES.md item 245): all but the int4 builds
-    of the plain loop, and the every-dtype build, which has int4 and the plain loop."""
+    """Every build reads a float rows tail as its dtype (instructions/gemv.cuh AMK_GEMV_TAIL_TYPED;
+    eval/PERF_NOTES.md items 245, 255), and all but the int4 builds of the plain loop compile quantized
+    rows without a tail (AMK_GEMV_Q_NO_TAIL; the every-dtype build has int4 and the plain loop)."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
-    assert build_defaults("AMK_GEMV_TAIL_TYPED") == {
-        "generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 1, "bf16_ahead": 1, "int8_ahead": 1,
-        "int4_ahead": 1, "bf16_oslices": 1, "bf16_fargmax": 1}
+    builds = ["generic", "bf16", "int8", "int4", "int8_asym", "bf16_ahead", "int8_ahead", "int4_ahead",
+              "bf16_oslices", "bf16_fargmax"]
+    assert build_defaults("AMK_GEMV_TAIL_TYPED") == dict.fromkeys(builds, 1)
+    assert build_defaults("AMK_GEMV_Q_NO_TAIL") == {b: 0 if b in ("generic", "int4") else 1 for b in builds}
 
 
 def test_gpu_same_bits_cases_change_their_builds(monkeypatch):

@@ -81,6 +81,16 @@ AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return __shfl_xor_sync(AMK_FU
 
 AMK_DEVICE void amk_syncthreads() { __syncthreads(); }
 
+// ---------------------------------------------------------------- asynchronous copies
+// 16 bytes from global to shared memory with no register between (cp.async, sm_80 on), through the
+// L2 only (.cg: no L1 line that an earlier step's read could have left stale); the words are the
+// block's after amk_cp_async_wait in each copying thread and then amk_syncthreads.
+AMK_DEVICE void amk_cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+AMK_DEVICE void amk_cp_async_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // ---------------------------------------------------------------- 16-byte loads
 struct amk_u32x4 {
   unsigned x, y, z, w;

@@ -66,6 +66,10 @@ struct amk_u32x4 {
   unsigned x, y, z, w;
 };
 
+// No asynchronous global-to-shared copy on gfx9: a load and a store (the copying thread waits at once).
+AMK_DEVICE void amk_cp_async16(void* smem, const void* gmem) { *(amk_u32x4*)smem = *(const amk_u32x4*)gmem; }
+AMK_DEVICE void amk_cp_async_wait() {}
+
 // 16-byte load of immutable data (weights), streamed once per step: a non-temporal load.
 AMK_DEVICE amk_u32x4 amk_ld16_weight(const void* p) {
   typedef unsigned amk_v4u __attribute__((ext_vector_type(4)));

@@ -257,8 +257,8 @@ def _smem_words(p, threads: int, kv_capacity: int, x_pad_shift: int, warp: int) 
     if op == Op.ATTN_PARTIAL:
         qh, hd = p.q_heads, p.head_dim
         return 2 * qh * hd + 3 * qh + nwarps * ATTN_HEAD_BLOCK * hd + qh * attn_score_cap(p, kv_capacity)
-    if op == Op.ATTN_COMBINE:
-        return 2 * p.splits * p.q_heads + p.q_heads
+    if op == Op.ATTN_COMBINE:  # | AMK_COMBINE_EARLY=2's copied splits (counted in every build)
+        return r4(2 * p.splits * p.q_heads + p.q_heads) + p.splits * p.q_heads * p.head_dim
     return 0
 
 

@@ -110,6 +110,23 @@ AMK_DEVICE float amk_shfl_xor(float v, int mask) {
 }
 AMK_DEVICE int amk_shfl_xor_int(int v, int mask) { return (int)amk_emu_shfl_xor((unsigned)v, mask); }
 
+// The asynchronous copies, done only at the copying thread's wait (the latest a GPU may do them), so
+// that a read of the copied words before the wait and the barrier after it finds the old words.
+// Both ends 16-byte aligned, as the GPU requires.
+struct AmkEmuCopy {
+  void* dst;
+  const void* src;
+};
+inline thread_local std::vector<AmkEmuCopy> amk_emu_copies;
+AMK_DEVICE void amk_cp_async16(void* smem, const void* gmem) {
+  if (((uintptr_t)smem) % 16 || ((uintptr_t)gmem) % 16) __builtin_trap();
+  amk_emu_copies.push_back({smem, gmem});
+}
+AMK_DEVICE void amk_cp_async_wait() {
+  for (const AmkEmuCopy& c : amk_emu_copies) memcpy(c.dst, c.src, 16);
+  amk_emu_copies.clear();
+}
+
 // ---------------------------------------------------------------- loads and conversions
 struct amk_u32x4 {
   unsigned x, y, z, w;
