@@ -138,13 +138,19 @@ AMK_DEVICE AmkCombineOutputs<Store> amk_combine_outputs(amk_u64 ptr, const AmkOp
 // on an H200 (item 224) the int8 SmolLM2 shape (the plain loop) measured -0.96 % with it and the
 // int8 1B (the loads-ahead loop, set by the loader's -D) +0.23 %, so int8 builds of the
 // loads-ahead loop keep it off, as do the asymmetric int8 builds (sm_90 spills 4 / 4 B).
-// 2 (experiment; eval/PERF_NOTES.md item 256): the splits copied into shared memory instead, with
-// asynchronous copies (amk_cp_async16: no register holds them, so no build spills for them), issued
-// at the op's start as 1's loads are and waited for after the weights; any number of splits, one
-// group, F32 partials in 16-byte-aligned runs (AmkCombineCopied::fits). The same sum, in split order.
+// 2 (eval/PERF_NOTES.md item 256): the splits copied into shared memory instead, with asynchronous
+// copies (amk_cp_async16: no register holds them, so no build spills for them), issued at the op's
+// start as 1's loads are and waited for after the weights; any number of splits, one group, F32
+// partials in 16-byte-aligned runs (AmkCombineCopied::fits). The same sum, in split order. On an H200
+// against 0: the int4 SmolLM2 shape -0.80 / -0.92 %, the int4 1B -1.28 %, the int8 1B -0.99 %, so the
+// int4 builds and the symmetric int8 builds of the loads-ahead loop take it; against 1 the bf16
+// SmolLM2 shape +2.25 %, so the float builds keep 1. The asymmetric int8 builds keep 0 (not measured),
+// as does the every-dtype build (both quantized formats: sm_120 spills 48 / 64 B with 2).
 #ifndef AMK_COMBINE_EARLY
-#if ((AMK_GEMV_WDTYPES) & 0x20) != 0 || (((AMK_GEMV_WDTYPES) & 0x10) != 0 && (AMK_GEMV_LOADS_AHEAD || AMK_GEMV_I8_ZERO))
+#if ((AMK_GEMV_WDTYPES) & 0x10) != 0 && (AMK_GEMV_I8_ZERO || ((AMK_GEMV_WDTYPES) & 0x20) != 0)
 #define AMK_COMBINE_EARLY 0
+#elif ((AMK_GEMV_WDTYPES) & 0x20) != 0 || (((AMK_GEMV_WDTYPES) & 0x10) != 0 && AMK_GEMV_LOADS_AHEAD)
+#define AMK_COMBINE_EARLY 2
 #else
 #define AMK_COMBINE_EARLY 1
 #endif
@@ -195,11 +201,11 @@ struct AmkCombineCopied {
       e += blockDim.x;
     }
   }
-  // Output i's splits summed in split order, as AmkCombineHeld::sum does
+  // Output i's splits summed in split order, as AmkCombineHeld::sum does (their shared-memory reads
+  // batched, AMK_SPLIT_SUM_UNROLL at a time, rather than one a dependent step)
   AMK_DEVICE static float sum(const float* copied, const float* wm, AmkCombineShape s, int h, int i) {
     const int n = s.qh * s.hd;
-    float a = amk_mul(wm[h], copied[i]);
-    for (int k = 1; k < s.splits; ++k) a = amk_add(a, amk_mul(wm[k * s.qh + h], copied[k * n + i]));
-    return a;
+    return amk_ordered_sum<AMK_SPLIT_SUM_UNROLL>(
+        s.splits, [&](int k) { return copied[k * n + i]; }, [&](int k, float o) { return amk_mul(wm[k * s.qh + h], o); });
   }
 };

@@ -649,15 +649,16 @@ def build_defaults(name: str) -> dict:
 
 
 def test_combine_early_default_per_build(monkeypatch):
-    """Which loader builds hold the combine's splits early by default (instructions/combine.cuh;
-    eval/PERF_NOTES.md items 126, 131 and 224): float-weight builds and symmetric int8 builds of the
-    plain GEMV loop; not int4, int8 of the loads-ahead loop, asymmetric int8 or the every-dtype
-    build. Read from the preprocessor (the emulator's compiler, the compile checks' build defines),
-    so the GPU's same-bits test of the int8 build compares a build that has it."""
+    """How the loader builds load the combine's splits by default (instructions/combine.cuh;
+    eval/PERF_NOTES.md items 126, 131, 224 and 256): held in registers early (1) in float-weight builds
+    and symmetric int8 builds of the plain GEMV loop; copied into shared memory early (2) in the int4
+    builds and the symmetric int8 builds of the loads-ahead loop; after the weights (0) in the
+    asymmetric int8 builds and the every-dtype build. Read from the preprocessor (the emulator's compiler, the
+    compile checks' build defines), so the GPU's same-bits tests compare builds that have them."""
     monkeypatch.delenv("AMK_VM_DEFINES", raising=False)
     assert build_defaults("AMK_COMBINE_EARLY") == {
-        "generic": 0, "bf16": 1, "int8": 1, "int4": 0, "int8_asym": 0, "bf16_ahead": 1, "int8_ahead": 0,
-        "int4_ahead": 0, "bf16_oslices": 1, "bf16_fargmax": 1}
+        "generic": 0, "bf16": 1, "int8": 1, "int4": 2, "int8_asym": 0, "bf16_ahead": 1, "int8_ahead": 2,
+        "int4_ahead": 2, "bf16_oslices": 1, "bf16_fargmax": 1}
 
 
 def test_score_head_block_default_per_build(monkeypatch):
