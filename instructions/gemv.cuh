@@ -812,58 +812,6 @@ AMK_DEVICE void amk_gemv_xq_pack_x(float* xs, AmkXPad xp, float* xsums, int K) {
 static_assert(AMK_GEMV_XPAD && !AMK_GEMV_Q_MMA, "AMK_GEMV_*_XQ read x padded and unrotated, and not with the MMA rows");
 #endif
 
-// AMK_GEMV_XQ_L1_HINT (experiment, 0 = off; eval/PERF_NOTES.md item 257): the plain loop packs x before
-// its first loads (it issues none ahead), so they wait for the pack, its barrier and then a round trip
-// to the L2 (where the wait's hints put the weights). With the define each lane first hints its first
-// row's first round of vectors, and the row's scales and zeros, into the L1, so that round trip runs
-// under the pack. The int4 SmolLM2 shape's trace (68e514c) has every GEMV's rows phase ~1.1 us longer
-// than bf16's, for a quarter of the bytes. Results unchanged (hints only).
-#ifndef AMK_GEMV_XQ_L1_HINT
-#define AMK_GEMV_XQ_L1_HINT 0
-#endif
-// AMK_GEMV_Q_SPREAD (experiment, 0 = off; item 257): the plain loop gives a quantized row more lanes
-// than the fewest whose loads cover it in one round, doubling them while the task's rows still fit one
-// step of the block's warps (a 5-row int4 task of K = 576 takes 4 lanes a row, so one warp dots all 5
-// rows, ~5 vectors a lane in turn, and 7 warps wait; with the define 32 lanes a row, one warp a row).
-// Other lanes a row sum in another order: results move within rounding.
-#ifndef AMK_GEMV_Q_SPREAD
-#define AMK_GEMV_Q_SPREAD 0
-#endif
-// AMK_GEMV_Q_SPREAD's lanes a row (log2): doubled from lg while `rows` still fit one step of the warps
-AMK_DEVICE int amk_gemv_spread_lg(int lg, int rows) {
-  while (lg < amk_log2_const(AMK_WARP_SIZE) && (AMK_WARP_SIZE >> (lg + 1)) * amk_nwarps() >= rows) ++lg;
-  return lg;
-}
-template <int DT, bool PAIR>
-AMK_DEVICE void amk_gemv_hint_first_round(const AmkGemvW& w, const AmkGemvW& w2, const AmkGroupOf& grp, int rows,
-                                          int K) {
-  using F = AmkWFmt<DT>;
-  constexpr int U = AmkGemvUnroll<DT, PAIR>::value;
-  int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L);  // (the plain loop's)
-  if constexpr (AMK_GEMV_Q_SPREAD && amk_quant_w<DT>) lg = amk_gemv_spread_lg(lg, rows), L = 1 << lg;
-  const int sub = amk_lane() & (L - 1), nvec = K / F::VEC;
-  const int r = amk_warp() * (AMK_WARP_SIZE >> lg) + (amk_lane() >> lg);
-  if (r >= rows) return;
-  const char* row1 = (const char*)w.wb->ptr + (w.off + r * w.stride) * F::BITS / 8;
-  const char* row2 = PAIR ? (const char*)w2.wb->ptr + (w2.off + r * w2.stride) * F::BITS / 8 : nullptr;
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int v = sub + u * L;
-    if (v < nvec) {
-      amk_prefetch_l1(row1 + (amk_i64)v * 16);
-      if (PAIR) amk_prefetch_l1(row2 + (amk_i64)v * 16);
-    }
-  }
-  if (amk_quant_w<DT> && sub == 0) {  // (a row's companions: a few bytes, one line mostly)
-    const AmkQRow q[4] = {amk_qrow(w.sb, w.soff + r * w.sstride), amk_qrow(w.zb, w.zoff + r * w.zstride),
-                          PAIR ? amk_qrow(w2.sb, w2.soff + r * w2.sstride) : AmkQRow{},
-                          PAIR ? amk_qrow(w2.zb, w2.zoff + r * w2.zstride) : AmkQRow{}};
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (q[i].p) amk_prefetch_l1(q[i].p + grp(sub) * (q[i].dtype() == AMK_DTYPE_F32 ? 4 : 2));
-  }
-}
-
 // AMK_GEMV_LOADS_AHEAD (0 = off): a warp issues its next round's loads (of the row, or of its
 // next row; quantized: with their scales and zeros) as soon as this round's sums are done,
 // before the row's tail, reduction and store, so those run under the loads' latency instead of
@@ -1038,14 +986,11 @@ AMK_DEVICE bool amk_gemv_rows(const AmkGemvW& w, const AmkGemvW& w2, float* xs, 
   if (vec) {
     if constexpr (amk_xq_on<DT>) {
       if (pack_x) {  // (block-uniform; this loop issues no loads ahead)
-        if constexpr (AMK_GEMV_XQ_L1_HINT) amk_gemv_hint_first_round<DT, PAIR>(w, w2, grp, rows, K);
         amk_gemv_xq_pack_x<DT>(xs, xp, xsums, K);
         amk_syncthreads();
       }
     }
-    int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L);
-    if constexpr (AMK_GEMV_Q_SPREAD && amk_quant_w<DT>) lg = amk_gemv_spread_lg(lg, rows), L = 1 << lg;
-    const int per_warp = AMK_WARP_SIZE >> lg;
+    const int L = amk_gemv_lanes<DT, PAIR>(K), lg = amk_log2_pow2(L), per_warp = AMK_WARP_SIZE >> lg;
     const int sub = amk_lane() & (L - 1);  // (shifts and masks: no division ahead of the first loads)
 #pragma unroll 1
     for (int r0 = amk_warp() * per_warp; r0 < rows; r0 += amk_nwarps() * per_warp) {  // warp-uniform

@@ -97,17 +97,6 @@ def test_gemv_xq(emu, monkeypatch, name, defines):
     run_xq_case(emu, name, [1, 3, 0])
 
 
-@pytest.mark.parametrize("name", [name for name, case in GEMV_CASES.items() if case.quant])
-def test_gemv_q_spread_and_l1_hint(emu, monkeypatch, name):
-    """AMK_GEMV_Q_SPREAD and AMK_GEMV_XQ_L1_HINT (experiments, eval/PERF_NOTES.md item 257), in the plain
-    loop with x packed: more lanes a quantized row where the task's rows fit one step of the warps (a
-    lane that summed the wrong vectors, or a row no lane group took, fails), and the first round hinted
-    into the L1 (hints only): the ReferenceVM's results as test_gemv_xq bounds them."""
-    quant = GEMV_CASES[name].quant.upper()
-    monkeypatch.setenv("AMK_VM_DEFINES", f"AMK_GEMV_{quant}_XQ=1,AMK_GEMV_XQ_L1_HINT=1,AMK_GEMV_Q_SPREAD=1")
-    run_xq_case(emu, name, [1, 3, 0])
-
-
 @pytest.mark.parametrize("name", Q_MMA_CASES)
 def test_gemv_q_mma(emu, monkeypatch, name):
     """AMK_GEMV_I8_MMA / AMK_GEMV_U4_MMA: symmetric int8 and int4 rows as tensor-core MMAs (the
